@@ -1,0 +1,84 @@
+"""Incremental detokenization: text grows token by token, never ends in a broken UTF-8
+character, and its concatenation equals the full decode. Stop strings end the text as vLLM does.
+
+Each step decodes only a short window: the tokens since ``prefix_offset`` (the start of the text
+already emitted before the last emission). Byte-level BPE can split a character over several
+tokens; while the window's text ends in U+FFFD the new bytes are held back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
+
+
+@dataclass
+class IncrementalDetokenizer:
+    tokenizer: PreTrainedTokenizerBase
+    skip_special_tokens: bool = True
+    stop_strings: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    prefix_offset: int = 0
+    read_offset: int = 0
+
+    def add_tokens(
+        self, new_token_ids: list[int], check_stop_from: int = 0
+    ) -> tuple[str | None, int]:
+        """Appends tokens and their text; returns the stop string that matched (if any) and the
+        number of tokens taken, the last being the one that completed the stop string.
+
+        Stop strings are looked for only in text produced by tokens at index ``check_stop_from``
+        or later (tokens before ``min_tokens`` cannot stop the request)."""
+        for i, token_id in enumerate(new_token_ids):
+            self.token_ids.append(token_id)
+            before = len(self.text)
+            self._decode_next()
+            if self.stop_strings and len(self.token_ids) > check_stop_from:
+                stop = self._find_stop(before)
+                if stop is not None:
+                    return stop, i + 1
+        return None, len(new_token_ids)
+
+    def _decode_next(self) -> None:
+        ids, decode = self.token_ids, self.tokenizer.decode
+        prefix = decode(
+            ids[self.prefix_offset : self.read_offset], skip_special_tokens=self.skip_special_tokens
+        )
+        window = decode(ids[self.prefix_offset :], skip_special_tokens=self.skip_special_tokens)
+        if len(window) > len(prefix) and not window.endswith("\ufffd"):
+            self.text += window[len(prefix) :]
+            self.prefix_offset, self.read_offset = self.read_offset, len(ids)
+
+    def _find_stop(self, new_text_start: int) -> str | None:
+        for stop in self.stop_strings:
+            # A match may begin before the new text, as long as it ends inside it.
+            i = self.text.find(stop, max(new_text_start - len(stop) + 1, 0))
+            if i != -1:
+                self.text = self.text[: i + len(stop) if self.include_stop_str_in_output else i]
+                return stop
+        return None
+
+    def visible_text(self, finished: bool) -> str:
+        """The text safe to show: while running, a tail that could still grow into a stop string
+        is withheld, so streamed text never shows what a stop will later cut."""
+        if finished or not self.stop_strings or self.include_stop_str_in_output:
+            return self.text
+        hold = max(len(s) for s in self.stop_strings) - 1
+        return self.text[: max(len(self.text) - hold, 0)]
+
+    def flush(self) -> None:
+        """Emits the bytes still held back (an incomplete character decodes to U+FFFD)."""
+        if self.read_offset < len(self.token_ids):
+            ids = self.token_ids
+            prefix = self.tokenizer.decode(
+                ids[self.prefix_offset : self.read_offset],
+                skip_special_tokens=self.skip_special_tokens,
+            )
+            window = self.tokenizer.decode(
+                ids[self.prefix_offset :], skip_special_tokens=self.skip_special_tokens
+            )
+            self.text += window[len(prefix) :]
+            self.prefix_offset, self.read_offset = self.read_offset, len(ids)

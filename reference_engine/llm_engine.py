@@ -1,0 +1,283 @@
+"""The engine core: one scheduler, one model runner, and the bookkeeping that turns sampled
+tokens into ``RequestOutput``s. ``LLM`` and ``AsyncLLM`` both drive an instance of this class."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from reference_engine.block_manager import KVCacheManager
+from reference_engine.config import EngineArgs, EngineConfig
+from reference_engine.detokenizer import IncrementalDetokenizer
+from reference_engine.model_runner import ModelRunner
+from reference_engine.outputs import CompletionOutput, RequestOutput
+from reference_engine.request import Request
+from reference_engine.sampling_params import RequestOutputKind, SamplingParams
+from reference_engine.scheduler import Scheduler
+from reference_engine.stats import EngineStats, KVCacheStats
+
+PromptType = str | Mapping[str, Any]
+
+
+@dataclass
+class _Stream:
+    """What has been sent so far for one request, to build DELTA and CUMULATIVE outputs."""
+
+    detokenizer: IncrementalDetokenizer
+    num_tokens_sent: int = 0
+    text_sent: int = 0
+    first_token_time: float | None = None
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, random_weights: bool = False):
+        self.config = config
+        self.model_config = config.model
+        self.tokenizer = load_tokenizer(config.tokenizer)
+        self.model_runner = ModelRunner(config, random_weights)
+        capacity = self.model_runner.num_blocks * config.block_size
+        # One request alone must always fit in the pool, or preemption could not make room.
+        self.max_model_len = min(config.max_model_len, capacity)
+        config.max_model_len = self.max_model_len
+        self.kv_cache = KVCacheManager(
+            self.model_runner.num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(config, self.kv_cache)
+        self.streams: dict[str, _Stream] = {}
+        self.stats = EngineStats()
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
+        return cls(args.create_config())
+
+    # --- requests ------------------------------------------------------------------------------
+
+    def process_request(
+        self, request_id: str, prompt: PromptType, params: SamplingParams | None = None
+    ) -> Request:
+        """Validates and tokenizes; raises ``ValueError`` naming the problem."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(
+                f"sampling_params must be a SamplingParams, got {type(params).__name__}."
+            )
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id must be a non-empty string.")
+        text, token_ids = self._tokenize(prompt)
+        if not token_ids:
+            raise ValueError("The prompt is empty: it has no tokens.")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"The prompt ({len(token_ids)} tokens) is too long for the model's maximum "
+                f"length of {self.max_model_len} tokens (max_model_len): no room to generate."
+            )
+        return Request(request_id, text, token_ids, params, self.model_config.eos_token_ids)
+
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, Mapping):
+            if "prompt_token_ids" in prompt:
+                ids = prompt["prompt_token_ids"]
+                vocab = self.model_config.vocab_size
+                if not isinstance(ids, (list, tuple)) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids
+                ):
+                    raise ValueError(f"prompt_token_ids must be a list of ints in [0, {vocab}).")
+                return prompt.get("prompt"), list(ids)
+            if isinstance(prompt.get("prompt"), str):
+                return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+        raise ValueError(
+            "A prompt must be a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
+            f"got {type(prompt).__name__}."
+        )
+
+    def add_request(
+        self, request_id: str, prompt: PromptType | Request, params: SamplingParams | None = None
+    ) -> Request:
+        req = (
+            prompt
+            if isinstance(prompt, Request)
+            else self.process_request(request_id, prompt, params)
+        )
+        self.scheduler.add_request(req)
+        self.stats.prompt_tokens_total += req.num_prompt_tokens
+        p = req.params
+        self.streams[req.request_id] = _Stream(
+            IncrementalDetokenizer(
+                self.tokenizer, p.skip_special_tokens, p.stop_strings, p.include_stop_str_in_output
+            )
+        )
+        return req
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> list[RequestOutput]:
+        """Ends the requests now, freeing their blocks; returns their final outputs
+        (``finish_reason="abort"``). Unknown or finished ids are ignored."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        outputs = []
+        for req in self.scheduler.abort_requests(ids):
+            self.stats.finished_requests["abort"] += 1
+            outputs.append(self._make_output(req, force=True))
+            self.streams.pop(req.request_id, None)
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.scheduler.get_num_unfinished_requests()
+
+    def get_kv_cache_stats(self) -> KVCacheStats:
+        return self.kv_cache.stats()
+
+    def get_stats(self) -> EngineStats:
+        s = self.stats
+        return dataclasses.replace(
+            s,
+            num_running_reqs=len(self.scheduler.running),
+            num_waiting_reqs=len(self.scheduler.waiting),
+            kv_cache_usage=self.kv_cache.stats().usage,
+            num_preemptions=self.scheduler.num_preemptions,
+            finished_requests=s.finished_requests.copy(),
+        )
+
+    def get_tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.tokenizer
+
+    # --- the step ------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        sampled = self.model_runner.execute(sched)
+        self.stats.num_steps += 1
+        outputs = []
+        for req in sched.requests:
+            n = sched.num_scheduled_tokens[req.request_id]
+            result = sampled.get(req.request_id)
+            if result is None:  # a prompt chunk that did not reach the end: nothing to sample
+                self.scheduler.update_after_step(req, n, 0)
+                continue
+            num_drafts = len(req.spec_token_ids)
+            if num_drafts:
+                self.stats.spec_num_drafts += 1
+                self.stats.spec_num_draft_tokens += num_drafts
+                self.stats.spec_num_accepted_tokens += result.num_accepted_drafts
+            new_tokens, finish = self._append_tokens(req, result)
+            self.scheduler.update_after_step(
+                req, n, min(result.num_accepted_drafts, len(new_tokens))
+            )
+            finish = self._detokenize(req, new_tokens, finish)
+            if finish is not None:
+                self.scheduler.finish_request(req, *finish)
+                self.stats.finished_requests[finish[0]] += 1
+                self.stats.num_cached_tokens_total += max(req.num_cached_tokens, 0)
+            out = self._make_output(req)
+            if out is not None:
+                outputs.append(out)
+            if req.is_finished:
+                self.streams.pop(req.request_id, None)
+        return outputs
+
+    def _append_tokens(self, req: Request, result) -> tuple[list[int], tuple | None]:
+        p, new_tokens, finish = req.params, [], None
+        for i, tok in enumerate(result.token_ids):
+            req.append_token(tok)
+            new_tokens.append(tok)
+            if p.logprobs is not None:
+                req.logprobs.append(result.logprobs[i])
+                req.cumulative_logprob += result.token_logprobs[i]
+            finish = self._stop_by_token(req, tok)
+            if finish is not None:
+                break
+        self.stats.generation_tokens_total += len(new_tokens)
+        return new_tokens, finish
+
+    def _stop_by_token(self, req: Request, tok: int) -> tuple | None:
+        p = req.params
+        if req.num_output_tokens >= p.min_tokens:
+            if not p.ignore_eos and tok in req.eos_token_ids:
+                return ("stop", None)
+            if tok in p.stop_token_ids:
+                return ("stop", tok)
+        if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:
+            return ("length", None)
+        return None
+
+    def _detokenize(
+        self, req: Request, new_tokens: list[int], finish: tuple | None
+    ) -> tuple | None:
+        stream = self.streams[req.request_id]
+        detok = stream.detokenizer
+        if stream.first_token_time is None:
+            stream.first_token_time = time.monotonic()
+        to_text = new_tokens
+        if finish is not None and finish[0] == "stop" and not req.params.include_stop_str_in_output:
+            to_text = new_tokens[:-1]  # the EOS / stop token is not part of the text
+        stop, taken = detok.add_tokens(to_text, check_stop_from=req.params.min_tokens)
+        if stop is not None:
+            extra = len(new_tokens) - taken
+            if extra:
+                del req.output_token_ids[len(req.output_token_ids) - extra :]
+                del req.all_token_ids[len(req.all_token_ids) - extra :]
+                if req.params.logprobs is not None:
+                    del req.logprobs[len(req.logprobs) - extra :]
+            return ("stop", stop)
+        if finish is not None:
+            detok.flush()
+        return finish
+
+    def _make_output(self, req: Request, force: bool = False) -> RequestOutput | None:
+        stream = self.streams.get(req.request_id)
+        if stream is None:
+            return None
+        kind, finished = req.params.output_kind, req.is_finished
+        new_tokens = req.num_output_tokens - stream.num_tokens_sent
+        if not finished and not force:
+            if kind is RequestOutputKind.FINAL_ONLY or new_tokens <= 0:
+                return None
+            if new_tokens < self.config.stream_interval:
+                return None
+        text = stream.detokenizer.visible_text(finished)
+        if kind is RequestOutputKind.DELTA:
+            token_ids = req.output_token_ids[stream.num_tokens_sent :]
+            out_text = text[stream.text_sent :]
+            logprobs = (
+                req.logprobs[stream.num_tokens_sent :] if req.params.logprobs is not None else None
+            )
+        else:
+            token_ids = list(req.output_token_ids)
+            out_text = text
+            logprobs = list(req.logprobs) if req.params.logprobs is not None else None
+        stream.num_tokens_sent = req.num_output_tokens
+        stream.text_sent = len(text)
+        completion = CompletionOutput(
+            index=0,
+            text=out_text,
+            token_ids=token_ids,
+            cumulative_logprob=req.cumulative_logprob if req.params.logprobs is not None else None,
+            logprobs=logprobs,
+            finish_reason=req.finish_reason,
+            stop_reason=req.stop_reason,
+        )
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=req.prompt_token_ids,
+            outputs=[completion],
+            finished=finished,
+            num_cached_tokens=max(req.num_cached_tokens, 0),
+        )
+
+
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"Cannot load a tokenizer from {path!r}: {e}") from e

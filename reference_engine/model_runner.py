@@ -1,0 +1,97 @@
+"""Runs one scheduled step on the model: lays the step's tokens out flat, writes their K/V into
+the paged cache, computes logits only where a token is sampled, and samples."""
+
+from __future__ import annotations
+
+import torch
+
+from reference_engine.config import EngineConfig
+from reference_engine.models import ForwardContext, load_model
+from reference_engine.sampler import SampledTokens, Sampler
+from reference_engine.scheduler import SchedulerOutput
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, random_weights: bool = False):
+        self.config = config
+        self.device = config.device
+        self.block_size = config.block_size
+        torch.manual_seed(config.seed)
+        self.model = load_model(config.model, config.device, config.dtype, random_weights)
+        self.model.init_rope(config.model.max_position_embeddings)
+        self.num_blocks = self._num_kv_blocks()
+        m = config.model
+        shape = (self.num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
+        # Zeroed, not empty: stale NaNs in padding would leak through masked attention.
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=config.dtype, device=self.device),
+                torch.zeros(shape, dtype=config.dtype, device=self.device),
+            )
+            for _ in range(m.num_layers)
+        ]
+        self.sampler = Sampler(config.seed, self.device)
+
+    def _bytes_per_block(self) -> int:
+        m = self.config.model
+        elem = torch.empty(0, dtype=self.config.dtype).element_size()
+        return 2 * m.num_layers * self.block_size * m.num_kv_heads * m.head_dim * elem
+
+    def _num_kv_blocks(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            if self.config.num_kv_blocks < 1:
+                raise ValueError("num_kv_blocks must be >= 1.")
+            return self.config.num_kv_blocks
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            # Leave room for activations and logits of a full step beyond the utilisation cap.
+            budget = free - (1 - self.config.gpu_memory_utilization) * total - (2 << 30)
+        else:
+            budget = self.config.kv_cache_memory_gb * (1 << 30)
+        return max(int(budget // self._bytes_per_block()), 1)
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> dict[str, SampledTokens]:
+        """Returns the sampled tokens of every request that reached the end of its known tokens."""
+        input_ids, positions, slots = [], [], []
+        query_start_loc, seq_lens, tables = [0], [], []
+        logits_rows, sampled_reqs = [], []
+        bs = self.block_size
+        for req in sched.requests:
+            n = sched.num_scheduled_tokens[req.request_id]
+            start = req.num_computed_tokens
+            tokens = req.all_token_ids + req.spec_token_ids
+            input_ids.extend(tokens[start : start + n])
+            blocks = sched.block_tables[req.request_id]
+            positions.extend(range(start, start + n))
+            slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, start + n))
+            query_start_loc.append(query_start_loc[-1] + n)
+            seq_lens.append(start + n)
+            tables.append(blocks)
+            if start + n >= req.num_tokens:  # the chunk reaches the last known token: sample
+                first = query_start_loc[-1] - 1 - len(req.spec_token_ids)
+                logits_rows.extend(range(first, query_start_loc[-1]))
+                sampled_reqs.append(req)
+        width = max(len(t) for t in tables)
+        table = [t + [0] * (width - len(t)) for t in tables]
+        dev = self.device
+        ctx = ForwardContext(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=torch.tensor(table, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=dev),
+            is_decode=len(input_ids) == len(seq_lens),
+            max_query_len=max(b - a for a, b in zip(query_start_loc, query_start_loc[1:])),
+            max_seq_len=max(seq_lens),
+        )
+        hidden = self.model(
+            torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            torch.tensor(positions, dtype=torch.int64, device=dev),
+            ctx,
+            self.kv_caches,
+        )
+        if not sampled_reqs:
+            return {}
+        logits = self.model.compute_logits(hidden[torch.tensor(logits_rows, device=dev)])
+        sampled = self.sampler(logits, sampled_reqs)
+        return {req.request_id: s for req, s in zip(sampled_reqs, sampled)}

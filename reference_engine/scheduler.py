@@ -1,0 +1,167 @@
+"""The one continuous-batching scheduler behind every front end.
+
+Each step gets a token budget. Running requests go first, oldest first, each taking what it
+still has to compute (a decode token plus any drafts, or the next chunk of a long prompt); then
+waiting requests are admitted in arrival order while budget, batch slots and KV blocks last.
+When a running request cannot get a block, the newest running request is preempted: its blocks
+are freed and it goes back to the front of the queue to be recomputed later (FCFS, so the oldest
+request always progresses and none starves).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from reference_engine.block_manager import KVCacheManager
+from reference_engine.config import EngineConfig
+from reference_engine.request import Request, RequestStatus
+from reference_engine.spec_decode import NgramProposer
+
+
+@dataclass
+class SchedulerOutput:
+    requests: list[Request] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # drafts included
+    preempted: list[Request] = field(default_factory=list)
+    block_tables: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv_cache: KVCacheManager):
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_model_len = config.max_model_len
+        self.chunked_prefill = config.enable_chunked_prefill
+        self.kv_cache = kv_cache
+        self.proposer = NgramProposer(config.speculative) if config.speculative else None
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    def add_request(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"Request id {req.request_id!r} is already active.")
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            self._propose_drafts(req)
+            n = min(req.num_tokens - req.num_computed_tokens + len(req.spec_token_ids), budget)
+            while not self.kv_cache.allocate_slots(req, n):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                self._trim_drafts(req, n)
+                out.requests.append(req)
+                out.num_scheduled_tokens[req.request_id] = n
+                budget -= n
+                i += 1
+
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            if out.preempted:
+                break  # the pool is full: admitting more now would only thrash
+            req = self.waiting[0]
+            hits = self.kv_cache.get_computed_blocks(req)
+            num_hit = len(hits) * self.kv_cache.block_size
+            n = req.num_tokens - num_hit
+            if n > budget:
+                if not self.chunked_prefill:
+                    break
+                n = budget
+            if not self.kv_cache.allocate_slots(req, n, hits):
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = num_hit
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+            self.running.append(req)
+            out.requests.append(req)
+            out.num_scheduled_tokens[req.request_id] = n
+            budget -= n
+        for req in out.requests:
+            out.block_tables[req.request_id] = self.kv_cache.blocks_of(req.request_id)
+        return out
+
+    def _propose_drafts(self, req: Request) -> None:
+        req.spec_token_ids = []
+        if self.proposer is None or req.num_tokens - req.num_computed_tokens != 1:
+            return
+        # Never draft past max_tokens or the model length: those tokens could not be kept.
+        room = min(req.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens) - 1
+        if room > 0:
+            req.spec_token_ids = self.proposer.propose(req.all_token_ids)[:room]
+
+    @staticmethod
+    def _trim_drafts(req: Request, num_scheduled: int) -> None:
+        keep = num_scheduled - (req.num_tokens - req.num_computed_tokens)
+        del req.spec_token_ids[max(keep, 0) :]
+
+    def _preempt(self, req: Request) -> None:
+        self.kv_cache.free_request(req)
+        req.status = RequestStatus.WAITING
+        req.num_computed_tokens = 0
+        req.spec_token_ids = []
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def update_after_step(self, req: Request, num_scheduled: int, num_accepted_drafts: int) -> None:
+        """Advances ``req`` once the model has run its ``num_scheduled`` tokens; drafts past
+        ``num_accepted_drafts`` were rejected and their blocks are released."""
+        num_drafts = len(req.spec_token_ids)
+        req.num_computed_tokens += num_scheduled - num_drafts + num_accepted_drafts
+        req.spec_token_ids = []
+        if num_drafts > num_accepted_drafts:
+            self.kv_cache.trim(req, req.num_tokens)
+        self.kv_cache.cache_full_blocks(req)
+
+    def finish_request(
+        self, req: Request, reason: str, stop_reason: int | str | None = None
+    ) -> None:
+        if req.is_finished:
+            return
+        req.status = RequestStatus.FINISHED
+        req.finish_reason, req.stop_reason = reason, stop_reason
+        self.requests.pop(req.request_id, None)
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            with contextlib.suppress(ValueError):
+                self.waiting.remove(req)
+        self.kv_cache.free_request(req)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
+        aborted = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is not None:
+                self.finish_request(req, "abort")
+                aborted.append(req)
+        return aborted
