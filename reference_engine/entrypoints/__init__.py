@@ -1,0 +1,1 @@
+"""Entry points: the OpenAI-compatible HTTP server and the ``reference-engine`` command."""
