@@ -1,21 +1,141 @@
 """One entry point per kernel, dispatching on the device: Triton on CUDA, the reference elsewhere.
 
-Set ``REFERENCE_ENGINE_KERNELS=reference`` to force the PyTorch references on CUDA too.
+A call takes the Triton kernel when its first tensor is on CUDA, ``triton`` imports, and the
+environment variable ``REFERENCE_ENGINE_KERNELS`` is not ``reference`` (read at each call);
+otherwise the PyTorch reference in ``kernels/reference.py``. The Triton modules are imported on
+the first CUDA call only, so the CPU path never imports triton.
+
+Every function keeps the reference's signature. Keyword-only extras are used by the Triton path
+and ignored by the reference:
+
+- ``paged_attention_decode(..., num_splits=None, workspace=None, out=None)``: for CUDA graphs,
+  fix ``num_splits`` per captured batch size (or leave it None: the default depends only on the
+  shapes, the block table's width standing in for the longest context), preallocate
+  ``workspace = decode_workspace(max_batch, num_heads, head_dim, num_splits, "cuda")`` (a flat
+  fp32 tensor of ``decode_workspace_numel(B, H, D, num_splits)`` elements or more) and ``out``.
+  The kernel never syncs with the host and its grid is ``(B, num_kv_heads, num_splits)``.
+- ``paged_attention_prefill(..., max_query_len=None, out=None)``: pass the step's longest
+  query run (the scheduler knows it) to avoid the one host sync that computes it.
 """
 
 from __future__ import annotations
 
-from kernels.reference import (
-    fused_add_rms_norm,
-    paged_attention_decode,
-    paged_attention_prefill,
-    rms_norm,
-    rotary_embedding,
-    silu_and_mul,
-    store_kvcache,
-)
+import os
+from types import ModuleType
+
+import torch
+
+from kernels import reference
+from kernels.decode_split import decode_workspace, decode_workspace_numel
+
+_triton: ModuleType | None = None
+_triton_failed = False
+
+
+def _backend(t: torch.Tensor) -> ModuleType:
+    global _triton, _triton_failed
+    if not t.is_cuda or _triton_failed or os.environ.get("REFERENCE_ENGINE_KERNELS") == "reference":
+        return reference
+    if _triton is None:
+        try:
+            from kernels import triton_ops
+        except ImportError:
+            _triton_failed = True
+            return reference
+        _triton = triton_ops
+    return _triton
+
+
+def triton_available() -> bool:
+    """True when the Triton kernels import (CUDA calls then use them)."""
+    try:
+        import kernels.triton_ops  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _backend(x).rms_norm(x, weight, eps)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _backend(x).fused_add_rms_norm(x, residual, weight, eps)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return _backend(x).silu_and_mul(x)
+
+
+def rotary_embedding(
+    positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> None:
+    _backend(query).rotary_embedding(positions, query, key, cos_sin_cache)
+
+
+def store_kvcache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    _backend(key).store_kvcache(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    max_query_len: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    backend = _backend(q)
+    if backend is reference:
+        result = reference.paged_attention_prefill(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+        )
+        return result if out is None else out.copy_(result)
+    return backend.paged_attention_prefill(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+        max_query_len=max_query_len, out=out,
+    )  # fmt: skip
+
+
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int | None = None,
+    workspace: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    backend = _backend(q)
+    if backend is reference:
+        result = reference.paged_attention_decode(
+            q, k_cache, v_cache, block_tables, seq_lens, scale
+        )
+        return result if out is None else out.copy_(result)
+    return backend.paged_attention_decode(
+        q, k_cache, v_cache, block_tables, seq_lens, scale,
+        num_splits=num_splits, workspace=workspace, out=out,
+    )  # fmt: skip
+
 
 __all__ = [
+    "decode_workspace",
+    "decode_workspace_numel",
     "fused_add_rms_norm",
     "paged_attention_decode",
     "paged_attention_prefill",
@@ -23,4 +143,5 @@ __all__ = [
     "rotary_embedding",
     "silu_and_mul",
     "store_kvcache",
+    "triton_available",
 ]

@@ -1,0 +1,181 @@
+"""Paged attention for decode (flash-decoding): one query token per sequence over a long paged
+context, the context split into ``num_splits`` ranges that run in parallel, then a reduction.
+
+One program per (sequence, KV head, split) handles all the query heads that share that KV head,
+so each K/V tile is read once for the whole group. Partial results go to a fp32 workspace
+(per split: the normalized output and its log-sum-exp); the reduction kernel merges them.
+Nothing here syncs with the host and the grid depends only on shapes, so a decode step that
+uses it can be captured in a CUDA graph (preallocate the workspace with ``decode_workspace``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.decode_split import decode_workspace_numel, default_num_splits
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, seq_lens_ptr, scale_log2,
+    stride_qb, stride_qh, stride_ob, stride_oh,
+    stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, stride_bt,
+    num_heads,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    # Each split takes a whole number of BLOCK_N tiles; trailing splits of short contexts are empty.
+    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kvh * GROUP + offs_g
+    q_off = b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptr + q_off, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    bt_row = bt_ptr + b * stride_bt
+    k_base = k_ptr + kvh * stride_k_h
+    v_base = v_ptr + kvh * stride_v_h
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        page = tl.load(bt_row + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+        tok = (offs_n % PAGE).to(tl.int64)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k_off = page[:, None] * stride_k_blk + tok[:, None] * stride_k_tok + offs_d[None, :]
+        v_off = page[:, None] * stride_v_blk + tok[:, None] * stride_v_tok + offs_d[None, :]
+        k = tl.load(k_base + k_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_base + v_off, mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        qk = tl.where(n_mask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # An empty range (or an empty sequence) leaves l_i == 0: write zeros and a -inf weight.
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if NUM_SPLITS == 1:
+        o_off = b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        # part_o is [B, H, S, D] and part_lse [B, H, S].
+        row = (b * num_heads + heads) * NUM_SPLITS + split
+        tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + row, lse, mask=g_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    o_ptr, part_o_ptr, part_lse_ptr, stride_ob, stride_oh, num_heads,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < NUM_SPLITS
+    d_mask = offs_d < HEAD_DIM
+    row = (b * num_heads + h) * NUM_SPLITS + offs_s
+    lse = tl.load(part_lse_ptr + row, mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)
+    parts = tl.load(
+        part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    denom = tl.sum(w, axis=0)
+    out = tl.sum(parts * w[:, None], axis=0) / tl.where(denom > 0, denom, 1.0)
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty),
+             mask=d_mask)  # fmt: skip
+
+
+def _decode_config(q: torch.Tensor) -> dict[str, int]:
+    if not q.is_cuda:
+        return {"block_n": 16, "num_warps": 4, "num_stages": 1}
+    return {"block_n": 64, "num_warps": 4, "num_stages": 3}
+
+
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int | None = None,
+    workspace: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: dict[str, int] | None = None,
+) -> torch.Tensor:
+    """Triton twin of ``reference.paged_attention_decode`` (``q [B, H, D]``).
+
+    ``num_splits``: context splits per sequence (default ``default_num_splits`` from the
+    shapes, with the block table's capacity as the longest context). ``workspace``: a flat fp32
+    tensor of at least ``decode_workspace_numel(B, H, D, num_splits)`` elements (see
+    ``decode_workspace``); allocated per call when omitted. ``out``: a preallocated output.
+    With all three given the call allocates nothing and never syncs (CUDA-graph capturable).
+    A sequence of length 0 gets zeros.
+    """
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    page = k_cache.shape[1]
+    out = torch.empty_like(q) if out is None else out
+    if batch == 0:
+        return out
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    if num_splits is None:
+        num_splits = default_num_splits(
+            batch, num_kv_heads, block_tables.shape[1] * page, q.device
+        )
+    numel = decode_workspace_numel(batch, num_heads, head_dim, num_splits)
+    if workspace is None:
+        workspace = torch.empty(max(numel, 1), dtype=torch.float32, device=q.device)
+    assert workspace.dtype == torch.float32 and workspace.numel() >= numel
+    part_lse = workspace[: batch * num_heads * num_splits]
+    part_o = workspace[batch * num_heads * num_splits : numel]
+    cfg = {**_decode_config(q), **(config or {})}
+    group = num_heads // num_kv_heads
+    block_d = max(triton.next_power_of_2(head_dim), 16)
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, out, part_o, part_lse, block_tables, seq_lens, scale * _LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        num_heads,
+        GROUP=group, BLOCK_G=max(triton.next_power_of_2(group), 16), PAGE=page,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=cfg["block_n"], NUM_SPLITS=num_splits,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    if num_splits > 1:
+        _decode_reduce_kernel[(batch, num_heads)](
+            out, part_o, part_lse, out.stride(0), out.stride(1), num_heads,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits,
+            BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,35 @@
+"""The Triton kernels, one function per kernel with the reference's signature (plus keyword-only
+launch options). Works on CUDA tensors, and on CPU tensors when ``TRITON_INTERPRET=1`` was set
+before this module was first imported (how CI tests the kernels without a GPU).
+"""
+
+from __future__ import annotations
+
+from triton import knobs
+
+from kernels.activation import silu_and_mul
+from kernels.decode_split import decode_workspace, decode_workspace_numel, default_num_splits
+from kernels.interpreter_compat import patch_interpreter_index
+from kernels.kv_cache import store_kvcache
+from kernels.paged_attention_decode import paged_attention_decode
+from kernels.paged_attention_prefill import paged_attention_prefill
+from kernels.rms_norm import fused_add_rms_norm, rms_norm
+from kernels.rotary import rotary_embedding
+
+INTERPRETED: bool = bool(knobs.runtime.interpret)
+if INTERPRETED:
+    patch_interpreter_index()
+
+__all__ = [
+    "INTERPRETED",
+    "decode_workspace",
+    "decode_workspace_numel",
+    "default_num_splits",
+    "fused_add_rms_norm",
+    "paged_attention_decode",
+    "paged_attention_prefill",
+    "rms_norm",
+    "rotary_embedding",
+    "silu_and_mul",
+    "store_kvcache",
+]
