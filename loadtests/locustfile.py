@@ -1,0 +1,288 @@
+"""Locust users that stream completions and disconnect in several ways.
+
+Run through `python -m loadtests run`, or directly:
+`locust -f loadtests/locustfile.py --host http://127.0.0.1:8000 MixedUser`.
+Every HTTP request is reported as type `POST` named by its behaviour; the custom metrics are
+reported as their own types: `TTFT` and `ITL` (ms), `TOK/S` (the "response time" column holds
+tokens per second of one request, the content size its output tokens, counted from the
+server's `usage`), and `DISCONNECT` (ms until the client hung up).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import gevent
+import requests
+from gevent.pool import Group
+from locust import User, constant, events, task
+from locust.env import Environment
+from locust.runners import WorkerRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from loadtests import client  # noqa: E402
+from loadtests.options import Mix, make_mix, parse_span  # noqa: E402
+from loadtests.prompts import prompt  # noqa: E402
+
+
+@events.init_command_line_parser.add_listener
+def _options(parser) -> None:
+    g = parser.add_argument_group("loadtests")
+    g.add_argument(
+        "--model", default="", help="model name to request (default: first of /v1/models)"
+    )
+    g.add_argument(
+        "--disconnect-ratio",
+        type=float,
+        default=0.5,
+        help="fraction of requests whose client disconnects",
+    )
+    g.add_argument(
+        "--disconnect-mix",
+        default="first-byte=1,after-chunks=2,client-timeout=1",
+        help="weights of the disconnecting kinds",
+    )
+    g.add_argument(
+        "--complete-mix", default="full=3,burst=1", help="weights of the kinds read to the end"
+    )
+    g.add_argument("--prompt-words", default="8-128", help="prompt length in words, LO-HI")
+    g.add_argument("--max-tokens", default="16-64", help="max_tokens of a request, LO-HI")
+    g.add_argument("--disconnect-after", default="1-8", help="chunks read before hanging up, LO-HI")
+    g.add_argument(
+        "--first-byte-delay",
+        default="0-0.05",
+        help="seconds between sending and hanging up, before any byte is read",
+    )
+    g.add_argument(
+        "--client-timeout",
+        default="0.05-0.5",
+        help="read timeout (s) of the non-streaming requests that give up",
+    )
+    g.add_argument(
+        "--timeout-max-tokens",
+        type=int,
+        default=512,
+        help="max_tokens of the non-streaming requests that give up",
+    )
+    g.add_argument("--burst-size", type=int, default=4, help="identical prompts sent at once")
+    g.add_argument(
+        "--extra-body",
+        default='{"ignore_eos": true}',
+        help="JSON merged into every request body (engine extensions)",
+    )
+    g.add_argument(
+        "--no-continuous-usage",
+        action="store_true",
+        help="do not ask for usage in every chunk (continuous_usage_stats)",
+    )
+    g.add_argument(
+        "--max-requests",
+        type=int,
+        default=0,
+        help="stop after this many HTTP requests (0: no limit)",
+    )
+    g.add_argument("--events-log", default="", help="folder for per-request JSON lines")
+    g.add_argument(
+        "--shape",
+        default="none",
+        choices=["none", "step", "spike"],
+        help="with -f loadtests/shapes.py: the load shape",
+    )
+    g.add_argument("--shape-steps", type=int, default=4, help="steps of the step shape")
+
+
+class Settings:
+    """Options parsed once per process."""
+
+    def __init__(self, o) -> None:
+        self.model: str = o.model
+        self.mix: Mix = make_mix(o.disconnect_ratio, o.disconnect_mix, o.complete_mix, o.burst_size)
+        self.prompt_words = parse_span(o.prompt_words)
+        self.max_tokens = parse_span(o.max_tokens)
+        self.disconnect_after = parse_span(o.disconnect_after)
+        self.first_byte_delay = parse_span(o.first_byte_delay)
+        self.client_timeout = parse_span(o.client_timeout)
+        self.timeout_max_tokens: int = o.timeout_max_tokens
+        self.burst_size: int = o.burst_size
+        self.extra: dict = json.loads(o.extra_body or "{}")
+        self.continuous_usage: bool = not o.no_continuous_usage
+        self.max_requests: int = o.max_requests
+        self.log = None
+        if o.events_log:
+            Path(o.events_log).mkdir(parents=True, exist_ok=True)
+            path = Path(o.events_log) / f"events-{os.getpid()}.jsonl"
+            self.log = open(path, "a", buffering=1)  # noqa: SIM115 (lives as long as the process)
+
+
+SETTINGS: Settings | None = None
+
+
+@events.init.add_listener
+def _init(environment: Environment, **_kw) -> None:
+    global SETTINGS
+    SETTINGS = Settings(environment.parsed_options)
+    if SETTINGS.max_requests and not isinstance(environment.runner, WorkerRunner):
+        gevent.spawn(_stop_at_max_requests, environment, SETTINGS.max_requests)
+
+
+def _stop_at_max_requests(env: Environment, limit: int) -> None:
+    # On a master the stats are the workers' sum, so one greenlet bounds the whole run.
+    while True:
+        gevent.sleep(0.5)
+        served = sum(
+            e.num_requests for (_, method), e in env.stats.entries.items() if method == "POST"
+        )
+        if served >= limit and env.runner is not None:
+            print(f"loadtests: {served} requests reached --max-requests {limit}; stopping")
+            env.runner.quit()
+            return
+
+
+def report(env: Environment, out: client.Outcome) -> None:
+    fire = env.events.request.fire
+    exc = RuntimeError(out.error) if out.outcome == "error" else None
+    fire(
+        request_type="POST",
+        name=out.kind,
+        response_time=out.duration * 1000,
+        response_length=out.nbytes,
+        exception=exc,
+        context={},
+    )
+    if out.ttft is not None:
+        fire(
+            request_type="TTFT",
+            name=out.kind,
+            response_time=out.ttft * 1000,
+            response_length=0,
+            exception=None,
+            context={},
+        )
+    for gap in out.gaps:
+        fire(
+            request_type="ITL",
+            name=out.kind,
+            response_time=gap * 1000,
+            response_length=0,
+            exception=None,
+            context={},
+        )
+    if out.tokens and out.duration > 0:
+        fire(
+            request_type="TOK/S",
+            name=out.kind,
+            response_time=out.tokens / out.duration,
+            response_length=out.tokens,
+            exception=None,
+            context={},
+        )
+    if out.outcome == "disconnect":
+        fire(
+            request_type="DISCONNECT",
+            name=out.kind,
+            response_time=out.duration * 1000,
+            response_length=0,
+            exception=None,
+            context={},
+        )
+    if SETTINGS and SETTINGS.log:
+        SETTINGS.log.write(json.dumps(out.record()) + "\n")
+    if out.outcome == "error":
+        gevent.sleep(0.2)  # a failing server is not hammered in a tight loop
+
+
+def _model_of(base: str, session: requests.Session) -> str:
+    resp = session.get(base + "/v1/models", timeout=30)
+    resp.raise_for_status()
+    return resp.json()["data"][0]["id"]
+
+
+class CompletionUser(User):
+    """Runs one behaviour per task; subclasses choose which."""
+
+    abstract = True
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        assert SETTINGS is not None
+        self.s = SETTINGS
+        self.rng = random.Random()
+        self.base = (self.host or "").rstrip("/")
+        self.session = requests.Session()
+        if not self.s.model:
+            self.s.model = _model_of(self.base, self.session)
+
+    def on_stop(self) -> None:
+        self.session.close()
+
+    def body(self, stream: bool, text: str | None = None, max_tokens: int | None = None) -> dict:
+        text = text or prompt(self.rng, self.s.prompt_words.draw_int(self.rng))
+        n = max_tokens or self.s.max_tokens.draw_int(self.rng)
+        return client.payload(self.s.model, text, n, stream, self.s.extra, self.s.continuous_usage)
+
+    def run_kind(self, kind: str) -> None:
+        env, s, rng = self.environment, self.s, self.rng
+        if kind == "full":
+            report(env, client.stream(self.session, self.base, self.body(True), kind))
+        elif kind == "after-chunks":
+            k = s.disconnect_after.draw_int(rng)
+            report(env, client.stream(self.session, self.base, self.body(True), kind, stop_after=k))
+        elif kind == "first-byte":
+            report(
+                env,
+                client.send_and_drop(
+                    self.base, self.body(True), kind, s.first_byte_delay.draw(rng)
+                ),
+            )
+        elif kind == "client-timeout":
+            body = self.body(False, max_tokens=s.timeout_max_tokens)
+            report(
+                env,
+                client.unary_with_timeout(
+                    self.session, self.base, body, kind, s.client_timeout.draw(rng)
+                ),
+            )
+        elif kind == "burst":
+            self.burst()
+        else:
+            raise ValueError(kind)
+
+    def burst(self) -> None:
+        """Identical prompts at once, each on its own connection: prefix-cache pressure."""
+        body = self.body(True)
+        group = Group()
+        for _ in range(self.s.burst_size):
+            group.spawn(self._burst_one, body)
+        group.join()
+
+    def _burst_one(self, body: dict) -> None:
+        with requests.Session() as session:
+            report(self.environment, client.stream(session, self.base, body, "burst"))
+
+
+class MixedUser(CompletionUser):
+    """Draws each request's behaviour from --disconnect-ratio and the two mixes."""
+
+    @task
+    def one(self) -> None:
+        self.run_kind(self.s.mix.draw(self.rng))
+
+
+class StormUser(CompletionUser):
+    """Only disconnects, drawn from --disconnect-mix: the spike shape's disconnect storm."""
+
+    @task
+    def one(self) -> None:
+        pool = self.s.mix.disconnect
+        self.run_kind(self.rng.choices(list(pool), weights=list(pool.values()))[0])
+
+
+class ReadToEndUser(CompletionUser):
+    @task
+    def one(self) -> None:
+        self.run_kind("full")

@@ -1,0 +1,115 @@
+"""Sampling `/metrics` during a run, and the leak check after it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from loadtests.prom import MissingMetrics, Snapshot, snapshot
+
+
+class Sampler(threading.Thread):
+    """Polls `/metrics` every `interval` seconds until `stop()`."""
+
+    def __init__(self, base: str, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.base, self.interval = base, interval
+        self.samples: list[Snapshot] = []
+        self.errors: list[tuple[float, str]] = []
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(timeout=5) as c:
+            while not self._stop_event.is_set():
+                try:
+                    self.samples.append(snapshot(c, self.base, time.time()))
+                except (httpx.HTTPError, MissingMetrics) as e:
+                    self.errors.append((time.time(), f"{type(e).__name__}: {e}"))
+                self._stop_event.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=10)
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    message: str
+    seconds_to_idle: float | None = None
+    last: Snapshot | None = None
+
+
+def idle_baseline(base: str, timeout: float) -> Snapshot:
+    """The idle KV usage before the run; raises if the server is busy or silent."""
+    deadline = time.time() + timeout
+    last: Snapshot | None = None
+    error = ""
+    with httpx.Client(timeout=5) as c:
+        while time.time() < deadline:
+            try:
+                last = snapshot(c, base, time.time())
+                if not last.busy:
+                    return last
+            except MissingMetrics:
+                raise
+            except httpx.HTTPError as e:
+                error = f"{type(e).__name__}: {e}"
+            time.sleep(0.5)
+    if last is None:
+        raise RuntimeError(f"{base}/metrics did not answer: {error}")
+    raise RuntimeError(f"server not idle before the run: {describe(last)}")
+
+
+def describe(s: Snapshot) -> str:
+    return f"running={s.running:g} waiting={s.waiting:g} kv_usage={s.kv_usage:.4f}"
+
+
+def wait_idle(
+    base: str, baseline: Snapshot, timeout: float, tolerance: float, dead_after: float = 10.0
+) -> Verdict:
+    """Poll until nothing runs or waits and KV usage is back to its baseline, or time out."""
+    t0 = time.time()
+    last: Snapshot | None = None
+    silent_since: float | None = None
+    error = ""
+    with httpx.Client(timeout=5) as c:
+        while True:
+            now = time.time()
+            try:
+                last = snapshot(c, base, now)
+                silent_since = None
+                if not last.busy and last.kv_usage <= baseline.kv_usage + tolerance:
+                    return Verdict(True, "none", now - t0, last)
+            except (httpx.HTTPError, MissingMetrics) as e:
+                error = f"{type(e).__name__}: {e}"
+                silent_since = silent_since or now
+                if now - silent_since >= dead_after:
+                    return Verdict(False, f"server stopped answering /metrics: {error}", None, last)
+            if now - t0 >= timeout:
+                break
+            time.sleep(0.5)
+    if silent_since is not None or last is None:
+        return Verdict(False, f"server stopped answering /metrics: {error}", None, last)
+    return Verdict(
+        False,
+        f"LEAK: not idle {timeout:g} s after the load: {describe(last)} "
+        f"(idle KV usage before the run: {baseline.kv_usage:.4f})",
+        None,
+        last,
+    )
+
+
+def still_serves(base: str, model: str, timeout: float = 60.0) -> str | None:
+    """One small completion after the run; returns the problem, or None when it answered."""
+    body = {"model": model, "prompt": "hello", "max_tokens": 2}
+    try:
+        resp = httpx.post(base + "/v1/completions", json=body, timeout=timeout)
+    except httpx.HTTPError as e:
+        return f"server stopped serving completions: {type(e).__name__}: {e}"
+    if resp.status_code != 200:
+        return f"server stopped serving completions: HTTP {resp.status_code}: {resp.text[:200]}"
+    return None

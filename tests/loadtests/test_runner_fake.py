@@ -1,0 +1,51 @@
+"""The runner against the fake server: clean, leaking, and crashing."""
+
+from tests.loadtests.helpers import fake_cmd
+
+COMMON = ["--users", "4", "--spawn-rate", "4", "--run-time", "6", "--idle-timeout", "5"]
+
+
+def test_clean_server_passes_with_reports(run_loadtest):
+    r = run_loadtest("--server-cmd", fake_cmd(), *COMMON)
+    assert r.rc == 0, r.text
+    s = r.summary
+    assert s["leaks"] == "none" and s["errors"] == 0
+    assert s["disconnects"] > 0 and s["complete"] > 0
+    for kind in ("full", "after-chunks", "first-byte", "client-timeout", "burst"):
+        assert kind in s["kinds"]
+    for name in ("loadtest.png", "locust_stats.csv", "locust-report.html", "metrics.csv"):
+        assert (r.out / name).stat().st_size > 0
+    assert "leak check: none" in r.text
+
+
+def test_leaky_server_fails_the_run(run_loadtest):
+    r = run_loadtest("--server-cmd", fake_cmd("--leak", "stuck"), *COMMON)
+    assert r.rc == 1, r.text
+    assert "LEAK: not idle" in r.text and "running=" in r.text
+    assert r.summary["leaks"] != "none"
+
+
+def test_server_that_dies_fails_the_run(run_loadtest):
+    r = run_loadtest("--server-cmd", fake_cmd("--crash-after", "10"), *COMMON)
+    assert r.rc == 1, r.text
+    assert "stopped answering" in r.text or "exited" in r.text
+
+
+def test_max_requests_stops_early(run_loadtest):
+    r = run_loadtest(
+        "--server-cmd",
+        fake_cmd(),
+        "--users",
+        "2",
+        "--spawn-rate",
+        "2",
+        "--run-time",
+        "60",
+        "--max-requests",
+        "15",
+        "--disconnect-ratio",
+        "0",
+    )
+    assert r.rc == 0, r.text
+    assert r.summary["duration_s"] < 30
+    assert 15 <= r.summary["requests"] < 40
