@@ -11,6 +11,7 @@ import dataclasses
 import importlib
 import json
 import logging
+import signal
 import sys
 import types
 import typing
@@ -44,12 +45,21 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         kind = _option_type(hints[f.name])
         default = None if f.default is dataclasses.MISSING else f.default
         if kind is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction,
-                               default=argparse.SUPPRESS, help=f"default: {default}")
+            group.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=f"default: {default}",
+            )
         else:
             metavar = "JSON" if kind is json.loads else None
-            group.add_argument(flag, type=kind, default=argparse.SUPPRESS, metavar=metavar,
-                               help=f"default: {default}")
+            group.add_argument(
+                flag,
+                type=kind,
+                default=argparse.SUPPRESS,
+                metavar=metavar,
+                help=f"default: {default}",
+            )
 
 
 def engine_args(ns: argparse.Namespace, **defaults: Any) -> AsyncEngineArgs:
@@ -68,8 +78,11 @@ def build_engine(args: AsyncEngineArgs) -> Any:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="reference-engine", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="reference-engine",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (like `vllm serve`)")
@@ -78,11 +91,15 @@ def make_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1")
     serve.add_argument("--served-model-name", default=None, help="default: the model argument")
-    serve.add_argument("--shutdown-timeout", type=float, default=10.0,
-                       help="seconds in-flight requests get to finish on SIGINT/SIGTERM before "
-                            "they are aborted")
-    serve.add_argument("--log-level", default="info",
-                       choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        help="seconds in-flight requests get to finish on SIGINT/SIGTERM before they are aborted",
+    )
+    serve.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
     add_engine_args(serve)
 
     gen = sub.add_parser("generate", help="generate from one prompt in the terminal")
@@ -93,8 +110,9 @@ def make_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     add_engine_args(gen)
 
-    sub.add_parser("bench", help="the throughput benchmark (benchmarks/throughput.py)",
-                   add_help=False)
+    sub.add_parser(
+        "bench", help="the throughput benchmark (benchmarks/throughput.py)", add_help=False
+    )
     return parser
 
 
@@ -105,8 +123,13 @@ def cmd_serve(ns: argparse.Namespace) -> None:
     name = ns.served_model_name or ns.model
     app = build_app(engine, name, model_path=ns.model, api_key=ns.api_key, shutdown_engine=True)
     server = make_server(app, ns.host, ns.port, ns.shutdown_timeout, ns.log_level)
+    # uvicorn drains on SIGINT/SIGTERM, cancels what is left (aborting it in the engine), runs the
+    # lifespan's exit, then re-raises the signal under the handlers it found: make those exit 0.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        server.run()  # handles SIGINT/SIGTERM: drain, cancel the rest, then the lifespan's exit
+        server.run()
+    except KeyboardInterrupt:
+        pass
     finally:
         engine.shutdown()
     log.info("Server stopped.")
@@ -116,8 +139,9 @@ async def _generate(ns: argparse.Namespace) -> None:
     from reference_engine import RequestOutputKind, SamplingParams
 
     engine = build_engine(engine_args(ns, model=ns.model))
-    params = SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature,
-                            output_kind=RequestOutputKind.DELTA)
+    params = SamplingParams(
+        max_tokens=ns.max_tokens, temperature=ns.temperature, output_kind=RequestOutputKind.DELTA
+    )
     text, finish = [], None
     try:
         async for out in engine.generate(ns.prompt, params, uuid.uuid4().hex):
@@ -144,8 +168,9 @@ def main(argv: list[str] | None = None) -> int | None:
     if argv[:1] == ["bench"]:
         return cmd_bench(argv[1:])
     ns = make_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if ns.command == "serve":
         cmd_serve(ns)
     elif ns.command == "generate":

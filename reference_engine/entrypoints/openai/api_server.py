@@ -67,8 +67,11 @@ def build_app(
         if shutdown_engine:
             await asyncio.to_thread(engine.shutdown)
 
-    app = FastAPI(title="reference-engine OpenAI-compatible server", lifespan=lifespan,
-                  version=reference_engine.__version__)
+    app = FastAPI(
+        title="reference-engine OpenAI-compatible server",
+        lifespan=lifespan,
+        version=reference_engine.__version__,
+    )
     metrics = ServerMetrics(engine, served_model_name)
     completion = OpenAIServingCompletion(engine, served_model_name, metrics)
     chat = OpenAIServingChat(engine, served_model_name, metrics)
@@ -111,8 +114,11 @@ def build_app(
     @app.get("/v1/models")
     async def list_models(raw: Request) -> JSONResponse:
         authorize(raw)
-        card = ModelCard(id=served_model_name, root=model_path or served_model_name,
-                         max_model_len=engine_max_model_len(engine))
+        card = ModelCard(
+            id=served_model_name,
+            root=model_path or served_model_name,
+            max_model_len=engine_max_model_len(engine),
+        )
         return JSONResponse(ModelList(data=[card]).model_dump())
 
     @app.get("/health")
@@ -171,10 +177,21 @@ class Server(uvicorn.Server):
             log.info("Serving the OpenAI API at %s/v1 (health: %s/health)", self.url, self.url)
 
 
-def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000,
-                shutdown_timeout: float = 10.0, log_level: str = "info") -> Server:
+def make_server(
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    shutdown_timeout: float = 10.0,
+    log_level: str = "info",
+) -> Server:
     """In-flight requests get ``shutdown_timeout`` seconds to finish on SIGINT/SIGTERM; the rest
     are cancelled, which aborts them in the engine."""
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=shutdown_timeout, lifespan="on")
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=shutdown_timeout,
+        lifespan="on",
+    )
     return Server(config)

@@ -46,8 +46,9 @@ class OpenAIServingChat(OpenAIServing):
             raise OpenAIError("top_logprobs must be in [0, 20].", param="top_logprobs")
         text = self._render(req)
         ids = self.tokenizer.encode(text, add_special_tokens=False)  # the template adds BOS
-        wanted = req.max_completion_tokens if req.max_completion_tokens is not None \
-            else req.max_tokens
+        wanted = (
+            req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        )
         max_tokens = self.check_prompt(ids, wanted, "messages")
         params = self.sampling_params(req, max_tokens, top if req.logprobs else None)
         self.check_engine()
@@ -61,9 +62,12 @@ class OpenAIServingChat(OpenAIServing):
         conversation = [_message(i, m) for i, m in enumerate(req.messages)]
         try:
             return self.tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=req.add_generation_prompt,
+                conversation,
+                tokenize=False,
+                add_generation_prompt=req.add_generation_prompt,
                 continue_final_message=req.continue_final_message,
-                **(req.chat_template_kwargs or {}))
+                **(req.chat_template_kwargs or {}),
+            )
         except (TemplateError, ValueError, TypeError) as e:
             raise OpenAIError(f"The chat template failed: {e}", param="messages") from None
 
@@ -74,15 +78,24 @@ class OpenAIServingChat(OpenAIServing):
         logprobs = None
         if gen.logprobs is not None:
             logprobs = self._logprobs(gen.token_ids, gen.logprobs, top)
-        choice = ChatChoice(message=ChatMessageOut(content=gen.text), logprobs=logprobs,
-                            finish_reason=gen.finish_reason, stop_reason=gen.stop_reason)
-        return ChatCompletionResponse(id=p.rid, model=self.model_name, choices=[choice],
-                                      usage=self.usage(len(p.ids), len(gen.token_ids)))
+        choice = ChatChoice(
+            message=ChatMessageOut(content=gen.text),
+            logprobs=logprobs,
+            finish_reason=gen.finish_reason,
+            stop_reason=gen.stop_reason,
+        )
+        return ChatCompletionResponse(
+            id=p.rid,
+            model=self.model_name,
+            choices=[choice],
+            usage=self.usage(len(p.ids), len(gen.token_ids)),
+        )
 
     async def stream(self, p: Prepared, top: int, include_usage: bool) -> AsyncIterator[str]:
         def chunk(choices: list[ChatStreamChoice], usage=None) -> str:
-            return event(ChatCompletionChunk(id=p.rid, model=self.model_name, choices=choices,
-                                             usage=usage))
+            return event(
+                ChatCompletionChunk(id=p.rid, model=self.model_name, choices=choices, usage=usage)
+            )
 
         num_tokens = 0
         try:
@@ -95,30 +108,44 @@ class OpenAIServingChat(OpenAIServing):
                 logprobs = None
                 if c.logprobs is not None:
                     logprobs = self._logprobs(c.token_ids, c.logprobs, top)
-                yield chunk([ChatStreamChoice(delta=DeltaMessage(content=c.text),
-                                              logprobs=logprobs, finish_reason=c.finish_reason,
-                                              stop_reason=c.stop_reason)])
+                yield chunk(
+                    [
+                        ChatStreamChoice(
+                            delta=DeltaMessage(content=c.text),
+                            logprobs=logprobs,
+                            finish_reason=c.finish_reason,
+                            stop_reason=c.stop_reason,
+                        )
+                    ]
+                )
             if include_usage:
                 yield chunk([], self.usage(len(p.ids), num_tokens))
         except OpenAIError as e:
             yield sse_error(e)
         yield DONE
 
-    def _logprobs(self, token_ids: list[int], logprobs: list[dict[int, Logprob]],
-                  top: int) -> ChatChoiceLogprobs:
+    def _logprobs(
+        self, token_ids: list[int], logprobs: list[dict[int, Logprob]], top: int
+    ) -> ChatChoiceLogprobs:
         content = []
         for tok, entries in zip(token_ids, logprobs, strict=False):
             chosen = entries.get(tok)
             ranked = sorted(entries.items(), key=lambda kv: kv[1].rank or 0)[:top]
-            content.append(ChatTokenLogprob(
-                **self._top(tok, chosen),
-                top_logprobs=[ChatTopLogprob(**self._top(t, lp)) for t, lp in ranked]))
+            content.append(
+                ChatTokenLogprob(
+                    **self._top(tok, chosen),
+                    top_logprobs=[ChatTopLogprob(**self._top(t, lp)) for t, lp in ranked],
+                )
+            )
         return ChatChoiceLogprobs(content=content)
 
     def _top(self, token_id: int, lp: Logprob | None) -> dict[str, Any]:
         text = self.token_text(token_id, lp)
-        return {"token": text, "logprob": lp.logprob if lp else float("-inf"),
-                "bytes": list(text.encode())}
+        return {
+            "token": text,
+            "logprob": lp.logprob if lp else float("-inf"),
+            "bytes": list(text.encode()),
+        }
 
 
 def _message(i: int, m: ChatMessage) -> dict[str, Any]:
@@ -127,8 +154,9 @@ def _message(i: int, m: ChatMessage) -> dict[str, Any]:
         parts = []
         for part in content:
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise OpenAIError("Only text content parts are supported.",
-                                  param=f"messages.{i}.content")
+                raise OpenAIError(
+                    "Only text content parts are supported.", param=f"messages.{i}.content"
+                )
             parts.append(part["text"])
         content = "\n".join(parts)
     return {"role": m.role, "content": content or ""}

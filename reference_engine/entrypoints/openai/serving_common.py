@@ -90,13 +90,13 @@ class OpenAIServing:
                 f"Token id {bad} is out of vocabulary [0, {self.vocab_size}).", param="prompt"
             )
         n, limit = len(ids), self.max_model_len
+        if n >= limit:
+            raise OpenAIError(
+                f"This model's maximum context length is {limit} tokens. However, your {what} "
+                f"has {n} tokens, leaving no room for the completion.",
+                param="prompt" if what == "prompt" else "messages",
+            )
         if max_tokens is None:
-            if n >= limit:
-                raise OpenAIError(
-                    f"This model's maximum context length is {limit} tokens. "
-                    f"However, your {what} has {n} tokens.",
-                    param="prompt",
-                )
             return limit - n
         if n + max_tokens > limit:
             raise OpenAIError(

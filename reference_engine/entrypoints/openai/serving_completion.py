@@ -26,8 +26,11 @@ class OpenAIServingCompletion(OpenAIServing):
     def prepare(self, req: CompletionRequest, rid: str) -> Prepared:
         self.check_model(req.model)
         self.check_unsupported(req)
-        for name, used in {"echo": req.echo, "suffix": req.suffix,
-                           "best_of": req.best_of not in (None, 1)}.items():
+        for name, used in {
+            "echo": req.echo,
+            "suffix": req.suffix,
+            "best_of": req.best_of not in (None, 1),
+        }.items():
             if used:
                 raise OpenAIError(f"{name} is not supported by this server.", param=name)
         text, ids = self._prompt(req.prompt)
@@ -53,10 +56,18 @@ class OpenAIServingCompletion(OpenAIServing):
         if gen.logprobs is not None:
             logprobs = CompletionLogProbs()
             self._add_logprobs(logprobs, gen.token_ids, gen.logprobs, 0)
-        choice = CompletionChoice(text=gen.text, logprobs=logprobs,
-                                  finish_reason=gen.finish_reason, stop_reason=gen.stop_reason)
-        return CompletionResponse(id=p.rid, model=self.model_name, choices=[choice],
-                                  usage=self.usage(len(p.ids), len(gen.token_ids)))
+        choice = CompletionChoice(
+            text=gen.text,
+            logprobs=logprobs,
+            finish_reason=gen.finish_reason,
+            stop_reason=gen.stop_reason,
+        )
+        return CompletionResponse(
+            id=p.rid,
+            model=self.model_name,
+            choices=[choice],
+            usage=self.usage(len(p.ids), len(gen.token_ids)),
+        )
 
     async def stream(self, p: Prepared, include_usage: bool) -> AsyncIterator[str]:
         num_tokens, offset = 0, 0
@@ -71,21 +82,37 @@ class OpenAIServingCompletion(OpenAIServing):
                     offset = self._add_logprobs(logprobs, c.token_ids, c.logprobs, offset)
                 num_tokens += len(c.token_ids)
                 chunk = CompletionResponse(
-                    id=p.rid, model=self.model_name,
-                    choices=[CompletionChoice(text=c.text, logprobs=logprobs,
-                                              finish_reason=c.finish_reason,
-                                              stop_reason=c.stop_reason)])
+                    id=p.rid,
+                    model=self.model_name,
+                    choices=[
+                        CompletionChoice(
+                            text=c.text,
+                            logprobs=logprobs,
+                            finish_reason=c.finish_reason,
+                            stop_reason=c.stop_reason,
+                        )
+                    ],
+                )
                 yield event(chunk)
             if include_usage:
-                last = CompletionResponse(id=p.rid, model=self.model_name, choices=[],
-                                          usage=self.usage(len(p.ids), num_tokens))
+                last = CompletionResponse(
+                    id=p.rid,
+                    model=self.model_name,
+                    choices=[],
+                    usage=self.usage(len(p.ids), num_tokens),
+                )
                 yield event(last)
         except OpenAIError as e:
             yield sse_error(e)
         yield DONE
 
-    def _add_logprobs(self, out: CompletionLogProbs, token_ids: list[int],
-                      logprobs: list[dict[int, Logprob]], offset: int) -> int:
+    def _add_logprobs(
+        self,
+        out: CompletionLogProbs,
+        token_ids: list[int],
+        logprobs: list[dict[int, Logprob]],
+        offset: int,
+    ) -> int:
         for tok, top in zip(token_ids, logprobs, strict=False):
             chosen = top.get(tok)
             text = self.token_text(tok, chosen)
