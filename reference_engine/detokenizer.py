@@ -42,12 +42,23 @@ class IncrementalDetokenizer:
                     return stop, i + 1
         return None, len(new_token_ids)
 
+    def __post_init__(self) -> None:
+        # The Rust tokenizer's own decode skips transformers' per-call overhead; it gives the same
+        # text unless the tokenizer cleans up spaces afterwards.
+        backend = getattr(self.tokenizer, "_tokenizer", None)
+        if backend is None or getattr(self.tokenizer, "clean_up_tokenization_spaces", False):
+            self._decode = lambda ids: self.tokenizer.decode(
+                ids, skip_special_tokens=self.skip_special_tokens
+            )
+        else:
+            self._decode = lambda ids: backend.decode(
+                ids, skip_special_tokens=self.skip_special_tokens
+            )
+
     def _decode_next(self) -> None:
-        ids, decode = self.token_ids, self.tokenizer.decode
-        prefix = decode(
-            ids[self.prefix_offset : self.read_offset], skip_special_tokens=self.skip_special_tokens
-        )
-        window = decode(ids[self.prefix_offset :], skip_special_tokens=self.skip_special_tokens)
+        ids, decode = self.token_ids, self._decode
+        prefix = decode(ids[self.prefix_offset : self.read_offset])
+        window = decode(ids[self.prefix_offset :])
         if len(window) > len(prefix) and not window.endswith("\ufffd"):
             self.text += window[len(prefix) :]
             self.prefix_offset, self.read_offset = self.read_offset, len(ids)
@@ -73,12 +84,7 @@ class IncrementalDetokenizer:
         """Emits the bytes still held back (an incomplete character decodes to U+FFFD)."""
         if self.read_offset < len(self.token_ids):
             ids = self.token_ids
-            prefix = self.tokenizer.decode(
-                ids[self.prefix_offset : self.read_offset],
-                skip_special_tokens=self.skip_special_tokens,
-            )
-            window = self.tokenizer.decode(
-                ids[self.prefix_offset :], skip_special_tokens=self.skip_special_tokens
-            )
+            prefix = self._decode(ids[self.prefix_offset : self.read_offset])
+            window = self._decode(ids[self.prefix_offset :])
             self.text += window[len(prefix) :]
             self.prefix_offset, self.read_offset = self.read_offset, len(ids)

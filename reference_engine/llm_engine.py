@@ -69,7 +69,7 @@ class LLMEngine:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id must be a non-empty string.")
         text, token_ids = self._tokenize(prompt)
-        if not token_ids:
+        if not token_ids or text == "":
             raise ValueError("The prompt is empty: it has no tokens.")
         if len(token_ids) >= self.max_model_len:
             raise ValueError(

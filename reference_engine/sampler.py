@@ -37,12 +37,13 @@ class Sampler:
         if any(r.params.logprobs is not None for r in requests):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         logits = self._mask_min_tokens(logits, row_reqs, row_offsets)
-        probs = self._probs(logits, row_reqs)
-        greedy_ids = logits.argmax(dim=-1)
-        sampled_ids = self._race(probs, row_reqs, row_offsets)
-        chosen = torch.where(
-            _col([r.params.greedy for r in row_reqs], logits), greedy_ids, sampled_ids
-        )
+        chosen = logits.argmax(dim=-1)
+        probs = None
+        if not all(r.params.greedy for r in requests):
+            probs = self._probs(logits, row_reqs)
+            sampled = self._race(probs, row_reqs, row_offsets)
+            greedy = _col([r.params.greedy for r in row_reqs], logits)
+            chosen = torch.where(greedy, chosen, sampled)
         chosen_list = chosen.tolist()
 
         results, row = [], 0
