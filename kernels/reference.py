@@ -2,7 +2,8 @@
 
 Shapes (T = tokens in the step, B = sequences, H / KVH = query / KV heads, D = head_dim):
 - KV cache of one layer: ``k_cache`` and ``v_cache`` are ``[num_blocks, block_size, KVH, D]``.
-- ``block_tables``: ``[B, max_blocks]`` int32, unused entries are any valid index (they are never read).
+- ``block_tables``: ``[B, max_blocks]`` int32, unused entries are any valid index (they are
+  never read).
 - ``query_start_loc``: ``[B + 1]`` int32, cumulative query lengths (sequence ``b`` owns
   ``q[query_start_loc[b]:query_start_loc[b + 1]]``; a length of 0 is allowed).
 - ``seq_lens``: ``[B]`` int32, context length *including* the new tokens, whose K/V are already in
@@ -119,9 +120,11 @@ def paged_attention_decode(
     block_size = k_cache.shape[1]
     max_len = int(seq_lens.max())
     num_blocks = (max_len + block_size - 1) // block_size
-    table = block_tables[:, :num_blocks].long().clamp(min=0)
-    k = k_cache[table].flatten(1, 2)[:, :max_len]  # [B, L, KVH, D]
-    v = v_cache[table].flatten(1, 2)[:, :max_len]
+    # index_select on the flat block list is about twice as fast as advanced indexing on CPU.
+    table = block_tables[:, :num_blocks].reshape(-1).long().clamp(min=0)
+    kv_shape = (batch, num_blocks * block_size, *k_cache.shape[2:])
+    k = k_cache.index_select(0, table).view(kv_shape)[:, :max_len]  # [B, L, KVH, D]
+    v = v_cache.index_select(0, table).view(kv_shape)[:, :max_len]
     mask = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None].to(q.device)
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2).float(),  # [B, H, 1, D]
