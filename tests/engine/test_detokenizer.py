@@ -1,0 +1,61 @@
+"""Incremental detokenization: no broken characters mid-stream, and the pieces add up."""
+
+import pytest
+from transformers import AutoTokenizer
+
+from fixtures import load_prompts, model_path
+from reference_engine.detokenizer import IncrementalDetokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(model_path())
+
+
+@pytest.mark.parametrize("prompt", load_prompts("multibyte"))
+def test_streamed_pieces_are_whole_characters_and_concatenate_to_the_decode(tokenizer, prompt):
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer)
+    pieces = []
+    for tok in ids:
+        before = detok.text
+        detok.add_tokens([tok])
+        assert detok.text.startswith(before)
+        pieces.append(detok.text[len(before) :])
+        assert "\ufffd" not in detok.text  # a split character is held back, never shown broken
+    detok.flush()
+    assert "".join(pieces) == detok.text == tokenizer.decode(ids) == prompt
+
+
+def test_multibyte_prompts_do_split_characters_across_tokens(tokenizer):
+    # Otherwise the test above would not exercise the hold-back path at all.
+    split = 0
+    for prompt in load_prompts("multibyte"):
+        for tok in tokenizer.encode(prompt, add_special_tokens=False):
+            split += "\ufffd" in tokenizer.decode([tok])
+    assert split > 0
+
+
+def test_stop_string_spanning_tokens_is_found_and_trimmed(tokenizer):
+    text = "The quick brown fox jumps over the lazy dog"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer, stop_strings=["fox jum"])
+    stop, taken = detok.add_tokens(ids)
+    assert stop == "fox jum"
+    assert detok.text == "The quick brown "
+    assert tokenizer.decode(ids[:taken]).find("fox jum") != -1
+    assert "fox jum" not in tokenizer.decode(ids[: taken - 1])
+
+
+def test_text_that_could_become_a_stop_string_is_withheld_while_running(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer, stop_strings=["xyz!"])
+    detok.add_tokens(tokenizer.encode("hello wor", add_special_tokens=False))
+    assert detok.visible_text(finished=False) == detok.text[:-3]
+    assert detok.visible_text(finished=True) == detok.text
+
+
+def test_stop_strings_before_min_tokens_do_not_stop(tokenizer):
+    ids = tokenizer.encode("ab ab ab ab", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer, stop_strings=["ab"])
+    stop, taken = detok.add_tokens(ids, check_stop_from=len(ids))
+    assert stop is None and taken == len(ids)
