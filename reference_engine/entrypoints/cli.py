@@ -132,7 +132,7 @@ def cmd_serve(ns: argparse.Namespace) -> None:
         pass
     finally:
         engine.shutdown()
-    log.info("Server stopped.")
+        log.info("Server stopped.")
 
 
 async def _generate(ns: argparse.Namespace) -> None:

@@ -77,6 +77,14 @@ def build_app(
     chat = OpenAIServingChat(engine, served_model_name, metrics)
     app.state.engine, app.state.metrics = engine, metrics
 
+    async def abort_all() -> int:
+        ids = sorted(completion.active | chat.active)
+        if ids:
+            await engine.abort(ids)
+        return len(ids)
+
+    app.state.abort_all = abort_all
+
     def authorize(raw: Request) -> None:
         if api_key is None:
             return
@@ -162,7 +170,11 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server, logging the URL it really listens on (port 0 picks a free one)."""
+    """uvicorn's server, logging the URL it really listens on (port 0 picks a free one), and
+    aborting the requests still running ``drain_timeout`` seconds into a shutdown: their streams
+    then end properly, with ``finish_reason="abort"`` and ``data: [DONE]``."""
+
+    drain_timeout: float = 10.0
 
     @property
     def url(self) -> str | None:
@@ -176,6 +188,20 @@ class Server(uvicorn.Server):
         if self.started:
             log.info("Serving the OpenAI API at %s/v1 (health: %s/health)", self.url, self.url)
 
+    async def shutdown(self, sockets: list | None = None) -> None:
+        aborter = asyncio.ensure_future(self._abort_after(self.drain_timeout))
+        try:
+            await super().shutdown(sockets)
+        finally:
+            aborter.cancel()
+
+    async def _abort_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        abort_all = getattr(self.config.app.state, "abort_all", None)
+        if abort_all is not None:
+            n = await abort_all()
+            log.info("Shutdown: aborted %d request(s) still running after %.1f s", n, delay)
+
 
 def make_server(
     app: FastAPI,
@@ -184,14 +210,16 @@ def make_server(
     shutdown_timeout: float = 10.0,
     log_level: str = "info",
 ) -> Server:
-    """In-flight requests get ``shutdown_timeout`` seconds to finish on SIGINT/SIGTERM; the rest
-    are cancelled, which aborts them in the engine."""
+    """On SIGINT/SIGTERM, in-flight requests get ``shutdown_timeout`` seconds to finish; the rest
+    are aborted in the engine. uvicorn cancels whatever still hangs 5 s later."""
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level=log_level,
-        timeout_graceful_shutdown=shutdown_timeout,
+        timeout_graceful_shutdown=shutdown_timeout + 5.0,
         lifespan="on",
     )
-    return Server(config)
+    server = Server(config)
+    server.drain_timeout = shutdown_timeout
+    return server

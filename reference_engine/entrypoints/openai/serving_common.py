@@ -68,7 +68,7 @@ class OpenAIServing:
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine_max_model_len(engine)
         self.vocab_size = engine.model_config.vocab_size
-        self._active: set[str] = set()
+        self.active: set[str] = set()
 
     # --- checks --------------------------------------------------------------------------------
 
@@ -149,7 +149,7 @@ class OpenAIServing:
     def request_id(self, raw: Request, req: SamplingFields) -> str:
         base = raw.headers.get("x-request-id") or req.request_id or uuid.uuid4().hex
         rid = f"{self.request_id_prefix}-{base}"
-        if rid in self._active:  # a client reusing its id must not collide with itself
+        if rid in self.active:  # a client reusing its id must not collide with itself
             rid = f"{rid}-{uuid.uuid4().hex[:8]}"
         return rid
 
@@ -161,7 +161,7 @@ class OpenAIServing:
         """DELTA outputs of one request. Raises ``OpenAIError``. Cancelling the consumer or
         closing this generator closes the engine's generator, which aborts the request."""
         timer = self.metrics.tracker()
-        self._active.add(rid)
+        self.active.add(rid)
         log.info(
             "request %s: %d prompt tokens, max_tokens=%s", rid, len(prompt_ids), params.max_tokens
         )
@@ -188,7 +188,7 @@ class OpenAIServing:
             log.exception("request %s failed", rid)
             raise OpenAIError(f"Internal error: {type(e).__name__}: {e}", 500) from None
         finally:
-            self._active.discard(rid)
+            self.active.discard(rid)
         log.info(
             "request %s finished: %s, %d tokens in %.3f s",
             rid,
