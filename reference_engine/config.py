@@ -50,6 +50,7 @@ class EngineArgs:
     speculative_config: dict[str, Any] | SpeculativeConfig | None = None
     enforce_eager: bool = False
     disable_log_stats: bool = True
+    skip_tokenizer_init: bool = False  # token ids in and out only; outputs carry no text
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -181,6 +182,7 @@ class EngineConfig:
     speculative: SpeculativeConfig | None
     enforce_eager: bool
     disable_log_stats: bool
+    skip_tokenizer_init: bool = False
     stream_interval: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -222,6 +224,7 @@ class EngineConfig:
             speculative=spec,
             enforce_eager=args.enforce_eager,
             disable_log_stats=args.disable_log_stats,
+            skip_tokenizer_init=args.skip_tokenizer_init,
             stream_interval=getattr(args, "stream_interval", 1),
         )
 

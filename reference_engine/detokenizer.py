@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 @dataclass
 class IncrementalDetokenizer:
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase | None
     skip_special_tokens: bool = True
     stop_strings: list[str] = field(default_factory=list)
     include_stop_str_in_output: bool = False
@@ -46,7 +46,9 @@ class IncrementalDetokenizer:
         # The Rust tokenizer's own decode skips transformers' per-call overhead; it gives the same
         # text unless the tokenizer cleans up spaces afterwards.
         backend = getattr(self.tokenizer, "_tokenizer", None)
-        if backend is None or getattr(self.tokenizer, "clean_up_tokenization_spaces", False):
+        if self.tokenizer is None:  # skip_tokenizer_init: token ids only, no text
+            self._decode = lambda ids: ""
+        elif backend is None or getattr(self.tokenizer, "clean_up_tokenization_spaces", False):
             self._decode = lambda ids: self.tokenizer.decode(
                 ids, skip_special_tokens=self.skip_special_tokens
             )

@@ -38,7 +38,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, random_weights: bool = False):
         self.config = config
         self.model_config = config.model
-        self.tokenizer = load_tokenizer(config.tokenizer)
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer)
         self.model_runner = ModelRunner(config, random_weights)
         capacity = self.model_runner.num_blocks * config.block_size
         # One request alone must always fit in the pool, or preemption could not make room.
@@ -76,9 +76,16 @@ class LLMEngine:
                 f"The prompt ({len(token_ids)} tokens) is too long for the model's maximum "
                 f"length of {self.max_model_len} tokens (max_model_len): no room to generate."
             )
+        if params.stop_strings and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True).")
         return Request(request_id, text, token_ids, params, self.model_config.eos_token_ids)
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        needs_tokenizer = isinstance(prompt, str) or (
+            isinstance(prompt, Mapping) and "prompt_token_ids" not in prompt
+        )
+        if needs_tokenizer and self.tokenizer is None:
+            raise ValueError("skip_tokenizer_init=True: prompts must be prompt_token_ids.")
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, Mapping):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from reference_engine.config import EngineConfig
+from reference_engine.cuda_graphs import DecodeGraphs
 from reference_engine.models import ForwardContext, load_model
 from reference_engine.sampler import SampledTokens, Sampler
 from reference_engine.scheduler import SchedulerOutput
@@ -31,6 +32,10 @@ class ModelRunner:
             for _ in range(m.num_layers)
         ]
         self.sampler = Sampler(config.seed, self.device)
+        self.graphs = None
+        if self.device.type == "cuda" and not config.enforce_eager:
+            max_blocks = -(-config.max_model_len // self.block_size)
+            self.graphs = DecodeGraphs(self.model, self.kv_caches, config.max_num_seqs, max_blocks)
 
     def _bytes_per_block(self) -> int:
         m = self.config.model
@@ -74,24 +79,40 @@ class ModelRunner:
                 sampled_reqs.append(req)
         width = max(len(t) for t in tables)
         table = [t + [0] * (width - len(t)) for t in tables]
-        dev = self.device
-        ctx = ForwardContext(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=torch.tensor(table, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=dev),
-            is_decode=len(input_ids) == len(seq_lens),
-            max_query_len=max(b - a for a, b in zip(query_start_loc, query_start_loc[1:])),
-            max_seq_len=max(seq_lens),
-        )
-        hidden = self.model(
-            torch.tensor(input_ids, dtype=torch.int64, device=dev),
-            torch.tensor(positions, dtype=torch.int64, device=dev),
-            ctx,
-            self.kv_caches,
-        )
+        is_decode = len(input_ids) == len(seq_lens)
+        tensors = [
+            _to_device(input_ids, torch.int64, self.device),
+            _to_device(positions, torch.int64, self.device),
+            _to_device(slots, torch.int64, self.device),
+            _to_device(table, torch.int32, self.device),
+            _to_device(seq_lens, torch.int32, self.device),
+        ]
+        if is_decode and self.graphs is not None and self.graphs.fits(len(seq_lens), width):
+            hidden = self.graphs.run(*tensors)
+        else:
+            ids, pos, slot_mapping, block_tables, lens = tensors
+            ctx = ForwardContext(
+                slot_mapping=slot_mapping,
+                block_tables=block_tables,
+                seq_lens=lens,
+                query_start_loc=_to_device(query_start_loc, torch.int32, self.device),
+                is_decode=is_decode,
+                max_query_len=max(b - a for a, b in zip(query_start_loc, query_start_loc[1:])),
+                max_seq_len=max(seq_lens),
+            )
+            hidden = self.model(ids, pos, ctx, self.kv_caches)
         if not sampled_reqs:
             return {}
-        logits = self.model.compute_logits(hidden[torch.tensor(logits_rows, device=dev)])
+        if len(logits_rows) < hidden.shape[0]:
+            hidden = hidden[_to_device(logits_rows, torch.int64, self.device)]
+        logits = self.model.compute_logits(hidden)
         sampled = self.sampler(logits, sampled_reqs)
         return {req.request_id: s for req, s in zip(sampled_reqs, sampled)}
+
+
+def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    cpu = torch.tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return cpu
+    # Pinned host memory makes the copy asynchronous: the one sync per step stays the sampling.
+    return cpu.pin_memory().to(device, non_blocking=True)

@@ -84,7 +84,14 @@ class Attention(nn.Module):
             )
         else:
             o = ops.paged_attention_prefill(
-                q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, ctx.query_start_loc, self.scale
+                q,
+                k_cache,
+                v_cache,
+                ctx.block_tables,
+                ctx.seq_lens,
+                ctx.query_start_loc,
+                self.scale,
+                max_query_len=ctx.max_query_len,
             )
         return self.o_proj(o.reshape(n, self.q_size))
 
