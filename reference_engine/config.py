@@ -51,6 +51,7 @@ class EngineArgs:
     enforce_eager: bool = False
     disable_log_stats: bool = True
     skip_tokenizer_init: bool = False  # token ids in and out only; outputs carry no text
+    load_format: str = "safetensors"  # or "dummy": seeded random weights of the config's shapes
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -183,6 +184,7 @@ class EngineConfig:
     enforce_eager: bool
     disable_log_stats: bool
     skip_tokenizer_init: bool = False
+    load_format: str = "safetensors"
     stream_interval: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -202,6 +204,10 @@ class EngineConfig:
         if not args.enable_chunked_prefill and args.max_num_batched_tokens < max_len:
             raise ValueError(
                 "Without chunked prefill, max_num_batched_tokens must be >= max_model_len."
+            )
+        if args.load_format not in ("safetensors", "dummy"):
+            raise ValueError(
+                f"load_format must be 'safetensors' or 'dummy', got {args.load_format!r}."
             )
         spec = args.speculative_config
         if isinstance(spec, dict):
@@ -225,6 +231,7 @@ class EngineConfig:
             enforce_eager=args.enforce_eager,
             disable_log_stats=args.disable_log_stats,
             skip_tokenizer_init=args.skip_tokenizer_init,
+            load_format=args.load_format,
             stream_interval=getattr(args, "stream_interval", 1),
         )
 

@@ -35,11 +35,11 @@ class _Stream:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, random_weights: bool = False):
+    def __init__(self, config: EngineConfig):
         self.config = config
         self.model_config = config.model
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer)
-        self.model_runner = ModelRunner(config, random_weights)
+        self.model_runner = ModelRunner(config)
         capacity = self.model_runner.num_blocks * config.block_size
         # One request alone must always fit in the pool, or preemption could not make room.
         self.max_model_len = min(config.max_model_len, capacity)

@@ -13,12 +13,14 @@ from reference_engine.scheduler import SchedulerOutput
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, random_weights: bool = False):
+    def __init__(self, config: EngineConfig):
         self.config = config
         self.device = config.device
         self.block_size = config.block_size
         torch.manual_seed(config.seed)
-        self.model = load_model(config.model, config.device, config.dtype, random_weights)
+        self.model = load_model(
+            config.model, config.device, config.dtype, config.load_format == "dummy"
+        )
         self.model.init_rope(config.model.max_position_embeddings)
         self.num_blocks = self._num_kv_blocks()
         m = config.model

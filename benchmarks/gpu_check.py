@@ -1,0 +1,107 @@
+"""The engine's CUDA path against its CPU path and HF transformers on the GPU, in one run.
+
+    python -m benchmarks.gpu_check
+
+For every fixture model: greedy outputs on CUDA in fp32 (Triton kernels, CUDA graphs) must equal
+the CPU path's token for token; in bf16 they are compared with HF transformers' bf16 on the GPU,
+identical up to near-ties (the first differing token is the other side's runner-up within a small
+logprob margin), the rule vLLM's own tests use. Exits non-zero on any real mismatch.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from fixtures import ALL_MODELS, load_prompts, model_path
+from reference_engine import LLM, SamplingParams
+
+N = 32
+MARGIN = 0.1
+
+
+def prompts() -> list[str]:
+    return load_prompts("short")[:8] + load_prompts("long")[:2] + load_prompts("shared_prefix")[:4]
+
+
+def engine_outputs(name: str, device: str, dtype: str):
+    llm = LLM(
+        str(model_path(name)),
+        device=device,
+        dtype=dtype,
+        num_kv_blocks=512,
+        max_num_batched_tokens=256,
+        max_num_seqs=16,
+    )
+    params = SamplingParams(temperature=0, max_tokens=N, min_tokens=N, logprobs=2)
+    outs = llm.generate(prompts(), params, use_tqdm=False)
+    stats = llm.get_kv_cache_stats()
+    assert stats.num_free_blocks == stats.num_total_blocks
+    return outs
+
+
+def hf_outputs(name: str, prompt_ids: list[list[int]]):
+    model = AutoModelForCausalLM.from_pretrained(model_path(name), dtype=torch.bfloat16).cuda()
+    results = []
+    for ids in prompt_ids:
+        x = torch.tensor([ids], device="cuda")
+        with torch.inference_mode():
+            out = model.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=N,
+                min_new_tokens=N,
+                do_sample=False,
+                pad_token_id=0,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+        tokens = out.sequences[0, len(ids) :].tolist()
+        logprobs = [torch.log_softmax(s[0].float(), -1) for s in out.scores]
+        results.append((tokens, logprobs))
+    return results
+
+
+def near_tie(ours, theirs_tokens, theirs_logprobs) -> str:
+    toks = ours.outputs[0].token_ids
+    if toks == theirs_tokens:
+        return "equal"
+    i = next(j for j, (a, b) in enumerate(zip(toks, theirs_tokens)) if a != b)
+    ours_lp = ours.outputs[0].logprobs[i]
+    hf_lp = theirs_logprobs[i]
+    gap_hf = float(hf_lp[theirs_tokens[i]] - hf_lp[toks[i]])
+    gap_ours = (
+        ours_lp[toks[i]].logprob - ours_lp[theirs_tokens[i]].logprob
+        if theirs_tokens[i] in ours_lp
+        else float("inf")
+    )
+    return f"near-tie@{i}" if min(gap_hf, gap_ours) <= MARGIN else f"MISMATCH@{i}"
+
+
+def main() -> int:
+    failures = 0
+    print("| model | CUDA fp32 == CPU fp32 | CUDA bf16 vs HF bf16 (GPU) |")
+    print("|---|---|---|")
+    for name in ALL_MODELS:
+        cpu = engine_outputs(name, "cpu", "float32")
+        gpu32 = engine_outputs(name, "cuda", "float32")
+        same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(cpu, gpu32))
+        gpu16 = engine_outputs(name, "cuda", "bfloat16")
+        hf = hf_outputs(name, [o.prompt_token_ids for o in gpu16])
+        verdicts = [near_tie(o, t, lp) for o, (t, lp) in zip(gpu16, hf)]
+        equal = verdicts.count("equal")
+        ties = sum(v.startswith("near-tie") for v in verdicts)
+        bad = [v for v in verdicts if v.startswith("MISMATCH")]
+        failures += (same != len(cpu)) + len(bad)
+        print(
+            f"| {name} | {same}/{len(cpu)} | {equal} equal, {ties} near-tie, "
+            f"{len(bad)} mismatch {bad} |",
+            flush=True,
+        )
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
