@@ -59,7 +59,8 @@ def summarize(
     itl = [g / 1000 for e in events for g in e.get("gaps_ms", [])]
     errors = [e for e in events if e["outcome"] == "error"]
     status = Counter(f"{e['status'] // 100}xx" if e["status"] else "no status" for e in errors)
-    tokens = sum(e["tokens"] or 0 for e in events)
+    tokens = sum(e["tokens"] or 0 for e in events if e["outcome"] == "complete")
+    partial = sum(e["tokens"] or 0 for e in events if e["outcome"] == "disconnect")
     during = [s for s in samples if load_start <= s.t <= load_end]
     gen = [s.gen_tokens for s in samples if s.gen_tokens is not None]
     return {
@@ -76,6 +77,7 @@ def summarize(
         "itl_p99_ms": _ms(percentile(itl, 99)),
         "output_tokens": tokens,
         "output_tok_s": round(tokens / duration, 1),
+        "tokens_before_disconnect": partial,
         "server_generated_tokens": (gen[-1] - gen[0]) if len(gen) > 1 else None,
         "peak_running": max((s.running for s in during), default=None),
         "peak_waiting": max((s.waiting for s in during), default=None),
@@ -114,8 +116,10 @@ def table(summary: dict) -> str:
     kv = summary["peak_kv_usage"]
     lines += [
         "",
-        f"duration {summary['duration_s']} s; output {summary['output_tok_s']} tok/s (client, "
-        f"from usage); server generated {_f(summary['server_generated_tokens'])} tokens",
+        f"duration {summary['duration_s']} s; output {summary['output_tok_s']} tok/s of requests "
+        f"read to the end (from usage); tokens seen before a disconnect "
+        f"{summary['tokens_before_disconnect']} (needs continuous usage); server generated "
+        f"{_f(summary['server_generated_tokens'])} tokens",
         f"ITL p50 {_f(summary['itl_p50_ms'])} ms, p99 {_f(summary['itl_p99_ms'])} ms; peak "
         f"running {_f(summary['peak_running'])}, waiting {_f(summary['peak_waiting'])}, KV usage "
         f"{'-' if kv is None else f'{100 * kv:.1f}%'}",

@@ -13,7 +13,7 @@ from pathlib import Path
 from loadtests import report, server
 from loadtests.plot import plot
 from loadtests.prom import MissingMetrics
-from loadtests.watch import Sampler, idle_baseline, still_serves, wait_idle
+from loadtests.watch import Sampler, idle_baseline, still_serves, wait_idle, warm_up
 
 ROOT = Path(__file__).resolve().parent.parent
 OK, LEAK, ERRORS, SETUP = 0, 1, 2, 3
@@ -51,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     load.add_argument("--disconnect-ratio", type=float, default=0.5)
     load.add_argument("--max-tokens", default="16-64")
     load.add_argument("--prompt-words", default="8-128")
+    load.add_argument("--warmup", type=int, default=4, help="requests sent before the baseline")
     check = p.add_argument_group("checks and reports")
     check.add_argument("--out", type=Path, help="output folder (default results/loadtests/TIME)")
     check.add_argument(
@@ -73,45 +74,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def locust_command(a: argparse.Namespace, base: str, out: Path, extra: list[str]) -> list[str]:
+def locust_command(
+    a: argparse.Namespace, base: str, model: str, out: Path, extra: list[str]
+) -> list[str]:
     files = str(ROOT / "loadtests/locustfile.py")
     classes = a.user_class or (["MixedUser", "StormUser"] if a.shape == "spike" else ["MixedUser"])
     if a.shape != "none":
         files += "," + str(ROOT / "loadtests/shapes.py")
-    cmd = [
-        sys.executable,
-        "-m",
-        "locust",
-        "-f",
-        files,
-        "--headless",
-        "--host",
-        base,
-        "-u",
-        str(a.users),
-        "-r",
-        str(a.spawn_rate),
-        "-t",
-        f"{a.run_time:g}s",
-        "--csv",
-        str(out / "locust"),
-        "--html",
-        str(out / "locust-report.html"),
-        "--exit-code-on-error",
-        "0",
-        "--stop-timeout",
-        "5",
-        "--events-log",
-        str(out / "events"),
-        "--shape",
-        a.shape,
-        "--disconnect-ratio",
-        str(a.disconnect_ratio),
-        "--max-tokens",
-        a.max_tokens,
-        "--prompt-words",
-        a.prompt_words,
-    ]
+    cmd = [sys.executable, "-m", "locust", "-f", files, "--headless", "--host", base]
+    cmd += ["-u", str(a.users), "-r", str(a.spawn_rate), "-t", f"{a.run_time:g}s"]
+    cmd += ["--csv", str(out / "locust"), "--html", str(out / "locust-report.html")]
+    # The runner judges errors itself; `--stop-timeout` lets in-flight requests end cleanly.
+    cmd += ["--exit-code-on-error", "0", "--stop-timeout", "5"]
+    cmd += ["--model", model, "--events-log", str(out / "events"), "--shape", a.shape]
+    cmd += ["--disconnect-ratio", str(a.disconnect_ratio), "--max-tokens", a.max_tokens]
+    cmd += ["--prompt-words", a.prompt_words]
     if a.max_requests:
         cmd += ["--max-requests", str(a.max_requests)]
     if a.processes > 1:
@@ -148,11 +125,13 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
 def _measure(
     a: argparse.Namespace, base: str, out: Path, extra: list[str], proc: subprocess.Popen | None
 ) -> int:
+    model = _served_model(base) or a.model
+    warm_up(base, model, a.warmup)
     baseline = idle_baseline(base, a.idle_timeout)
     sampler = Sampler(base, a.sample_interval)
     sampler.start()
     t0 = time.time()
-    cmd = locust_command(a, base, out, extra)
+    cmd = locust_command(a, base, model, out, extra)
     print(f"loadtests: {' '.join(cmd)}", flush=True)
     env = {
         **os.environ,
@@ -172,7 +151,7 @@ def _measure(
         problems.append(f"server process exited with {proc.returncode}")
     events = report.load_events(out / "events")
     if verdict.ok and not problems:
-        problem = still_serves(base, _served_model(base) or a.model)
+        problem = still_serves(base, model)
         problems += [problem] if problem else []
     summary = report.summarize(
         events, sampler.samples, min((e["start"] for e in events), default=t0), load_end

@@ -103,9 +103,19 @@ def wait_idle(
     )
 
 
-def still_serves(base: str, model: str, timeout: float = 60.0) -> str | None:
-    """One small completion after the run; returns the problem, or None when it answered."""
-    body = {"model": model, "prompt": "hello", "max_tokens": 2}
+def warm_up(base: str, model: str, n: int) -> None:
+    """A few completions before the baseline, so that one-time compilation is not measured."""
+    for i in range(n):
+        problem = still_serves(base, model, max_tokens=8, prompt="warm up " * (1 + 16 * i))
+        if problem:
+            raise RuntimeError(f"warm-up failed: {problem}")
+
+
+def still_serves(
+    base: str, model: str, timeout: float = 60.0, max_tokens: int = 2, prompt: str = "hello"
+) -> str | None:
+    """One small completion; returns the problem, or None when it answered."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
     try:
         resp = httpx.post(base + "/v1/completions", json=body, timeout=timeout)
     except httpx.HTTPError as e:

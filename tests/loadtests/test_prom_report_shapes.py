@@ -69,7 +69,8 @@ def test_summary_counts_tokens_from_usage_and_errors_by_status():
     s = summarize(ev, [], 0.0, 2.0)
     assert (s["requests"], s["complete"], s["disconnects"], s["errors"]) == (3, 1, 1, 1)
     assert s["errors_by_status"] == {"5xx": 1}
-    assert s["output_tokens"] == 4 and s["output_tok_s"] == 2.0
+    assert s["output_tokens"] == 3 and s["output_tok_s"] == 1.5
+    assert s["tokens_before_disconnect"] == 1
     assert s["kinds"]["full"]["errors"] == 1
     assert "after-chunks" in table(s)
 

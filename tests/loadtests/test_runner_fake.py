@@ -49,3 +49,25 @@ def test_max_requests_stops_early(run_loadtest):
     assert r.rc == 0, r.text
     assert r.summary["duration_s"] < 30
     assert 15 <= r.summary["requests"] < 40
+
+
+def test_spike_shape_with_two_worker_processes(run_loadtest):
+    r = run_loadtest(
+        "--server-cmd",
+        fake_cmd(),
+        "--users",
+        "6",
+        "--spawn-rate",
+        "6",
+        "--run-time",
+        "6",
+        "--shape",
+        "spike",
+        "--processes",
+        "2",
+        "--idle-timeout",
+        "5",
+    )
+    assert r.rc == 0, r.text
+    assert "StormUser" in r.text and r.summary["disconnects"] > r.summary["complete"]
+    assert len(list((r.out / "events").glob("events-*.jsonl"))) >= 2
