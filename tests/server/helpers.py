@@ -48,7 +48,7 @@ class RunningServer:
         }
 
     def metric(self, name: str, **labels: str) -> float:
-        want = tuple(sorted({"model_name": MODEL_NAME, **labels}.items()))
+        want = tuple(sorted({"model_name": MODEL_NAME, "engine": "0", **labels}.items()))
         return self.metrics()[(name, want)]
 
     def stop(self) -> None:

@@ -47,14 +47,14 @@ def test_counters_follow_requests(server: RunningServer):
     before = server.metrics()
     out = _complete(server, max_tokens=6, ignore_eos=True)
     after = server.metrics()
-    m = (("model_name", MODEL_NAME),)
+    m = (("engine", "0"), ("model_name", MODEL_NAME))
 
     def delta(name: str, labels=m) -> float:
         return after[(name, labels)] - before[(name, labels)]
 
     assert delta("vllm:prompt_tokens_total") == out["usage"]["prompt_tokens"]
     assert delta("vllm:generation_tokens_total") == 6
-    length = (("finished_reason", "length"), ("model_name", MODEL_NAME))
+    length = (("engine", "0"), ("finished_reason", "length"), ("model_name", MODEL_NAME))
     assert delta("vllm:request_success_total", length) == 1
     assert delta("vllm:time_to_first_token_seconds_count") == 1
     assert delta("vllm:e2e_request_latency_seconds_count") == 1

@@ -159,3 +159,17 @@ def test_request_id_header(server: RunningServer):
         assert s.headers["content-type"].startswith("text/event-stream")
     assert lines[-1] == "data: [DONE]"
     assert '"id":"cmpl-my-id-2"' in lines[0]
+
+
+async def test_completion_is_cut_at_the_context_end(client: openai.AsyncOpenAI):
+    (card,) = (await client.models.list()).data
+    limit = card.model_extra["max_model_len"]
+    resp = await client.completions.create(
+        model=MODEL_NAME,
+        prompt=[5] * (limit - 3),
+        max_tokens=100,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert resp.usage.completion_tokens == 3
+    assert resp.choices[0].finish_reason == "length"

@@ -14,74 +14,18 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+# vLLM labels every series with the model and the engine (data-parallel) index.
+LABELS = ["model_name", "engine"]
+ENGINE_INDEX = "0"
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
-_TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-)
-_ITL_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-_E2E_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
+# fmt: off
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0)
+_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# fmt: on
 
 
 class EngineCollector(Collector):
@@ -93,15 +37,15 @@ class EngineCollector(Collector):
             s = self.engine.get_stats()
         except Exception:  # a dead engine must not break /metrics
             return
-        m = [self.model_name]
+        m = [self.model_name, ENGINE_INDEX]
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g = GaugeMetricFamily(name, doc, labels=LABELS)
             g.add_metric(m, value)
             return g
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c = CounterMetricFamily(name, doc, labels=LABELS)
             c.add_metric(m, value)
             return c
 
@@ -127,10 +71,10 @@ class EngineCollector(Collector):
         done = CounterMetricFamily(
             "vllm:request_success",
             "Finished requests by finish reason.",
-            labels=["model_name", "finished_reason"],
+            labels=[*LABELS, "finished_reason"],
         )
         for reason in sorted(set(FINISH_REASONS) | set(s.finished_requests)):
-            done.add_metric([self.model_name, reason], s.finished_requests.get(reason, 0))
+            done.add_metric([*m, reason], s.finished_requests.get(reason, 0))
         yield done
         yield counter(
             "vllm:spec_decode_num_drafts", "Speculative drafts proposed.", s.spec_num_drafts
@@ -152,8 +96,8 @@ class ServerMetrics:
         self.model_name = model_name
 
         def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            h = Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry)
-            return h.labels(model_name)
+            h = Histogram(name, doc, LABELS, buckets=buckets, registry=self.registry)
+            return h.labels(model_name, ENGINE_INDEX)
 
         self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
         self.itl = hist(

@@ -81,7 +81,7 @@ class OpenAIServing:
             raise OpenAIError("The engine is not running: it has died or is shutting down.", 503)
 
     def check_prompt(self, ids: list[int], max_tokens: int | None, what: str) -> int:
-        """Returns ``max_tokens``, defaulting to what fits in the context."""
+        """Returns ``max_tokens``, at most what fits in the context."""
         if not ids:
             raise OpenAIError(f"The {what} is empty: it has no tokens.", param="prompt")
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
@@ -96,16 +96,9 @@ class OpenAIServing:
                 f"has {n} tokens, leaving no room for the completion.",
                 param="prompt" if what == "prompt" else "messages",
             )
-        if max_tokens is None:
-            return limit - n
-        if n + max_tokens > limit:
-            raise OpenAIError(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{n + max_tokens} tokens ({n} in the {what}, {max_tokens} in the completion). "
-                f"Please reduce the length of the {what} or completion.",
-                param="max_tokens",
-            )
-        return max_tokens
+        # Like vLLM 0.32: a completion that would not fit is cut at the context's end
+        # (finish_reason "length") rather than refused.
+        return limit - n if max_tokens is None else min(max_tokens, limit - n)
 
     @staticmethod
     def check_unsupported(req: SamplingFields) -> None:
