@@ -128,6 +128,39 @@ def run_async(folder: str, prompts, outs, engine_args) -> tuple[float, int]:
     return result
 
 
+def profile(folder: str, engine_args: dict, num_requests: int = 128, out_len: int = 128) -> None:
+    """Where a decode-heavy run's time goes: Python functions (cProfile) and GPU kernels."""
+    import cProfile
+    import pstats
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from reference_engine import LLM, SamplingParams
+
+    llm = LLM(folder, **engine_args)
+    prompts, _ = workload(num_requests, seed=1)
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+    llm.generate(inputs[:4], params, use_tqdm=False)
+    prof = cProfile.Profile()
+    start = time.perf_counter()
+    prof.runcall(llm.generate, inputs, params, use_tqdm=False)
+    wall = time.perf_counter() - start
+    steps = llm.get_stats().num_steps
+    print(
+        f"\n== cProfile: {num_requests} requests x {out_len} tokens, {wall:.2f} s, "
+        f"{steps} steps in all"
+    )
+    pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+        llm.generate(inputs, params, use_tqdm=False)
+    print("== torch profiler, by GPU time")
+    print(tp.key_averages().table(sort_by="self_cuda_time_total", row_limit=15))
+    del llm
+    torch.cuda.empty_cache()
+
+
 def run_hf(prompts, outs, batch_size: int, time_cap: float) -> tuple[float, int, int]:
     """HF ``generate`` in static, length-sorted, left-padded batches; stops after ``time_cap``
     seconds and reports the useful tokens of the batches it finished."""
@@ -205,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
             elif name == "async":
                 s, n = run_async(folder, prompts, outs, engine_args)
                 rows["reference AsyncLLM"] = (s, n, len(prompts))
+            elif name == "profile":
+                profile(folder, engine_args)
+                continue
             elif name == "hf":
                 rows["HF transformers generate"] = run_hf(
                     prompts, outs, args.hf_batch_size, args.hf_time_cap
