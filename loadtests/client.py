@@ -6,6 +6,7 @@ Blocking code: under Locust, gevent makes the sockets cooperative.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,13 @@ from urllib.parse import urlsplit
 import requests
 
 COMPLETIONS = "/v1/completions"
+API_KEY_ENV = "LOADTESTS_API_KEY"
+
+
+def auth_headers() -> dict[str, str]:
+    """`Authorization` for a server started with an API key (the runner's `--api-key`)."""
+    key = os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 @dataclass
@@ -147,7 +155,9 @@ def send_and_drop(base: str, body: dict, kind: str, delay: float) -> Outcome:
     raw = json.dumps(body).encode()
     head = (
         f"POST {url.path.rstrip('/')}{COMPLETIONS} HTTP/1.1\r\nHost: {url.netloc}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in auth_headers().items())
+        + "\r\n"
     ).encode()
     try:
         with socket.create_connection((url.hostname, url.port or 80), timeout=10) as sock:

@@ -197,7 +197,7 @@ def report(env: Environment, out: client.Outcome) -> None:
 
 
 def _model_of(base: str, session: requests.Session) -> str:
-    resp = session.get(base + "/v1/models", timeout=30)
+    resp = session.get(base + "/v1/models", timeout=30, headers=client.auth_headers())
     resp.raise_for_status()
     return resp.json()["data"][0]["id"]
 
@@ -214,6 +214,7 @@ class CompletionUser(User):
         self.rng = random.Random()
         self.base = (self.host or "").rstrip("/")
         self.session = requests.Session()
+        self.session.headers.update(client.auth_headers())
         if not self.s.model:
             self.s.model = _model_of(self.base, self.session)
 
@@ -262,6 +263,7 @@ class CompletionUser(User):
 
     def _burst_one(self, body: dict) -> None:
         with requests.Session() as session:
+            session.headers.update(client.auth_headers())
             report(self.environment, client.stream(session, self.base, body, "burst"))
 
 

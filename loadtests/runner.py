@@ -10,7 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+
 from loadtests import report, server
+from loadtests.client import API_KEY_ENV, auth_headers
 from loadtests.plot import plot
 from loadtests.prom import MissingMetrics
 from loadtests.watch import Sampler, idle_baseline, still_serves, wait_idle, warm_up
@@ -35,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--model", default="fixtures/models/tiny-llama", help="model folder to serve")
     t.add_argument("--vllm-python", default=str(ROOT / ".tox/conformance-vllm/bin/python"))
     t.add_argument("--startup-timeout", type=float, default=300)
+    t.add_argument("--api-key", help=f"bearer key for /v1 (or set {API_KEY_ENV})")
     load = p.add_argument_group("load")
     load.add_argument("--users", type=int, default=8)
     load.add_argument("--spawn-rate", type=float, default=4)
@@ -101,6 +105,8 @@ def _model_dir(name: str) -> str:
 
 
 def run(a: argparse.Namespace, extra: list[str]) -> int:
+    if a.api_key:
+        os.environ[API_KEY_ENV] = a.api_key
     out = a.out or ROOT / "results/loadtests" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     proc = None
@@ -195,10 +201,9 @@ def _measure(
 
 
 def _served_model(base: str) -> str | None:
-    import httpx
-
     try:
-        return httpx.get(base + "/v1/models", timeout=10).json()["data"][0]["id"]
+        resp = httpx.get(base + "/v1/models", timeout=10, headers=auth_headers())
+        return resp.json()["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError):
         return None
 

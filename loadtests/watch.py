@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from loadtests.client import auth_headers
 from loadtests.prom import MissingMetrics, Snapshot, snapshot
 
 
@@ -22,7 +23,7 @@ class Sampler(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
-        with httpx.Client(timeout=5) as c:
+        with httpx.Client(timeout=5, headers=auth_headers()) as c:
             while not self._stop_event.is_set():
                 try:
                     self.samples.append(snapshot(c, self.base, time.time()))
@@ -48,7 +49,7 @@ def idle_baseline(base: str, timeout: float) -> Snapshot:
     deadline = time.time() + timeout
     last: Snapshot | None = None
     error = ""
-    with httpx.Client(timeout=5) as c:
+    with httpx.Client(timeout=5, headers=auth_headers()) as c:
         while time.time() < deadline:
             try:
                 last = snapshot(c, base, time.time())
@@ -76,7 +77,7 @@ def wait_idle(
     last: Snapshot | None = None
     silent_since: float | None = None
     error = ""
-    with httpx.Client(timeout=5) as c:
+    with httpx.Client(timeout=5, headers=auth_headers()) as c:
         while True:
             now = time.time()
             try:
@@ -117,7 +118,9 @@ def still_serves(
     """One small completion; returns the problem, or None when it answered."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
     try:
-        resp = httpx.post(base + "/v1/completions", json=body, timeout=timeout)
+        resp = httpx.post(
+            base + "/v1/completions", json=body, timeout=timeout, headers=auth_headers()
+        )
     except httpx.HTTPError as e:
         return f"server stopped serving completions: {type(e).__name__}: {e}"
     if resp.status_code != 200:
