@@ -26,6 +26,7 @@ class KVCacheManager:
         self.cached: dict[BlockHash, int] = {}
         self.req_blocks: dict[str, list[int]] = {}
         self.req_hashes: dict[str, list[BlockHash]] = {}
+        self.req_num_registered: dict[str, int] = {}  # leading blocks already offered to the cache
         self.num_cached_free = 0  # free blocks that still hold a prefix-cache entry
 
     # --- queries -----------------------------------------------------------------------------
@@ -69,12 +70,19 @@ class KVCacheManager:
         """Registers the request's blocks that are full of computed tokens in the prefix cache."""
         if not self.enable_prefix_caching:
             return
-        blocks = self.req_blocks.get(req.request_id, [])
+        rid = req.request_id
+        blocks = self.req_blocks.get(rid, [])
         num_full = min(req.num_computed_tokens // self.block_size, len(blocks))
-        for h, block in zip(self._hashes(req)[:num_full], blocks[:num_full]):
+        done = self.req_num_registered.get(rid, 0)
+        if num_full <= done:
+            return
+        hashes = self._hashes(req)
+        for i in range(done, num_full):
+            h, block = hashes[i], blocks[i]
             if self.block_hash[block] is None and h not in self.cached:
                 self.block_hash[block] = h
                 self.cached[h] = block
+        self.req_num_registered[rid] = num_full
 
     # --- allocation --------------------------------------------------------------------------
 
@@ -84,8 +92,12 @@ class KVCacheManager:
         """Makes room for ``num_new_tokens`` more tokens after the computed ones (and the prefix
         hits in ``computed_blocks``, which it then holds). False, changing nothing, if the pool
         is too small."""
-        computed_blocks = computed_blocks or []
         blocks = self.req_blocks.setdefault(req.request_id, [])
+        if not computed_blocks:
+            needed = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size)
+            if needed <= len(blocks):  # the common decode step: the last block has room
+                return True
+        computed_blocks = computed_blocks or []
         num_computed = req.num_computed_tokens + len(computed_blocks) * self.block_size
         needed = -(-(num_computed + num_new_tokens) // self.block_size)
         num_new_blocks = needed - len(blocks) - len(computed_blocks)
@@ -128,6 +140,7 @@ class KVCacheManager:
         for block in reversed(blocks):
             self._release(block)
         self.req_hashes.pop(req.request_id, None)
+        self.req_num_registered.pop(req.request_id, None)
 
     def _release(self, block: int) -> None:
         self.ref_counts[block] -= 1

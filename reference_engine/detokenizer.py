@@ -32,6 +32,9 @@ class IncrementalDetokenizer:
 
         Stop strings are looked for only in text produced by tokens at index ``check_stop_from``
         or later (tokens before ``min_tokens`` cannot stop the request)."""
+        if self.tokenizer is None:
+            self.token_ids.extend(new_token_ids)
+            return None, len(new_token_ids)
         for i, token_id in enumerate(new_token_ids):
             self.token_ids.append(token_id)
             before = len(self.text)
