@@ -44,6 +44,7 @@ class Result:
     engine: str
     seconds: float
     output_tokens: int
+    note: str = ""
 
     @property
     def tok_per_s(self) -> float:
@@ -51,14 +52,32 @@ class Result:
 
 
 def make_workload(
-    n: int, prompt_len: tuple[int, int], output_len: tuple[int, int], vocab: int, seed: int
+    n: int,
+    prompt_len: tuple[int, int],
+    output_len: tuple[int, int],
+    vocab: int,
+    seed: int,
+    prompt_set: list[list[int]] | None = None,
 ) -> Workload:
     rng = random.Random(seed)
+    if prompt_set:  # a fixture prompt set, cycled (rotated by the seed) to n prompts
+        prompts = [prompt_set[(i + seed) % len(prompt_set)] for i in range(n)]
+        return Workload(prompts, [rng.randint(*output_len) for _ in range(n)])
     # Ids 10..vocab-10 keep clear of special tokens at either end of the fixture vocabularies.
     prompts = [
         [rng.randrange(10, vocab - 10) for _ in range(rng.randint(*prompt_len))] for _ in range(n)
     ]
     return Workload(prompts, [rng.randint(*output_len) for _ in range(n)])
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+         "prompt_lookup_max": 3}  # fmt: skip
+
+
+def run_ngram(model: str, w: Workload, warm: Workload, engine_args: dict) -> Result:
+    result = run_reference(model, w, warm, {**engine_args, "speculative_config": NGRAM})
+    result.engine = "reference LLM + n-gram speculation (k=4)"
+    return result
 
 
 def run_reference(model: str, w: Workload, warm: Workload, engine_args: dict) -> Result:
@@ -74,9 +93,17 @@ def run_reference(model: str, w: Workload, warm: Workload, engine_args: dict) ->
 
     generate(warm, use_tqdm=False)
     start = time.perf_counter()
+    before = llm.get_stats()
     outs = generate(w, use_tqdm=True)
     seconds = time.perf_counter() - start
-    return Result("reference LLM", seconds, sum(len(o.outputs[0].token_ids) for o in outs))
+    after = llm.get_stats()
+    note = f"{after.num_steps - before.num_steps} steps"
+    drafted = after.spec_num_draft_tokens - before.spec_num_draft_tokens
+    if drafted:
+        accepted = after.spec_num_accepted_tokens - before.spec_num_accepted_tokens
+        note += f", {accepted}/{drafted} drafted tokens accepted ({accepted / drafted:.0%})"
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return Result("reference LLM", seconds, tokens, note)
 
 
 def run_reference_async(model: str, w: Workload, warm: Workload, engine_args: dict) -> Result:
@@ -166,6 +193,7 @@ def run_vllm(model: str, w: Workload, warm: Workload, engine_args: dict) -> Resu
 
 RUNNERS: dict[str, Callable[[str, Workload, Workload, dict], Result]] = {
     "reference": run_reference,
+    "ngram": run_ngram,
     "async": run_reference_async,
     "hf": run_hf,
     "vllm": run_vllm,
@@ -193,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, nargs=2, default=(16, 128))
     ap.add_argument("--output-len", type=int, nargs=2, default=(64, 64))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--prompt-set", help="a fixture prompt set (e.g. repetitive) instead of random ids"
+    )
     ap.add_argument("--rounds", type=int, default=3, help="report each engine's median round")
     ap.add_argument("--engine-args", default="{}", help="JSON of reference EngineArgs fields")
     ap.add_argument("--json", type=Path, help="write the results here")
@@ -205,7 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
-    w = make_workload(args.num_prompts, args.prompt_len, args.output_len, vocab, args.seed)
+    prompt_set = None
+    if args.prompt_set:
+        from transformers import AutoTokenizer
+
+        from fixtures import load_prompts
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        prompt_set = [tokenizer.encode(p) for p in load_prompts(args.prompt_set)]
+    sizes = (args.num_prompts, args.prompt_len, args.output_len, vocab)
+    w = make_workload(*sizes, args.seed, prompt_set)
     engine_args = json.loads(args.engine_args)
     if args.single:  # one measurement, in this fresh process, reported on stdout
         # The warm-up load differs from the measured one, so no prefix-cache hit helps the timing.
@@ -229,10 +269,13 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{len(w.prompts)} prompts, {w.num_output_tokens} output tokens, "
         f"torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads"
     )
-    print(f"| engine | seconds | output tok/s | ratio to {results[0].engine} |")
-    print("|---|---:|---:|---:|")
+    print(f"| engine | seconds | output tok/s | ratio to {results[0].engine} | notes |")
+    print("|---|---:|---:|---:|---|")
     for r in results:
-        print(f"| {r.engine} | {r.seconds:.2f} | {r.tok_per_s:,.0f} | {r.tok_per_s / base:.2f} |")
+        print(
+            f"| {r.engine} | {r.seconds:.2f} | {r.tok_per_s:,.0f} | {r.tok_per_s / base:.2f} "
+            f"| {r.note} |"
+        )
     if args.json:
         rows = [asdict(r) | {"tok_per_s": r.tok_per_s} for r in results]
         args.json.write_text(

@@ -3,6 +3,9 @@ of the sequence's last n tokens (n from ``prompt_lookup_max`` down to ``prompt_l
 
 from __future__ import annotations
 
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
 from reference_engine.config import SpeculativeConfig
 
 
@@ -14,10 +17,12 @@ class NgramProposer:
 
     def propose(self, tokens: list[int]) -> list[int]:
         num = len(tokens)
+        arr = np.asarray(tokens)
         for n in range(min(self.max_n, num - 1), self.min_n - 1, -1):
-            suffix = tokens[num - n :]
-            # The latest match wins: recent context predicts the continuation best.
-            for start in range(num - n - 1, -1, -1):
-                if tokens[start : start + n] == suffix:
-                    return tokens[start + n : start + n + self.k]
+            # Windows that start before the suffix itself; the latest match predicts best.
+            windows = sliding_window_view(arr[: num - 1], n)
+            hits = np.flatnonzero((windows == arr[num - n :]).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                return tokens[start : start + self.k]
         return []
