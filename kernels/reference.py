@@ -68,9 +68,7 @@ def store_kvcache(
     v_cache.view(-1, *v_cache.shape[2:])[slots] = value[valid]
 
 
-def _gather_context(
-    cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
-) -> torch.Tensor:
+def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
     block_size = cache.shape[1]
     num_blocks = (seq_len + block_size - 1) // block_size
     return cache[block_table[:num_blocks].long()].flatten(0, 1)[:seq_len]
@@ -87,6 +85,9 @@ def paged_attention_prefill(
 ) -> torch.Tensor:
     """Causal attention of the new tokens ``q [T, H, D]`` of many sequences over their paged
     context (cached prefix plus themselves). Returns ``[T, H, D]``."""
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    if q.shape[0] and int(q_lens.max()) <= _BATCHED_MAX_QUERY:
+        return _prefill_batched(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     for b, seq_len in enumerate(seq_lens.tolist()):
@@ -100,6 +101,43 @@ def paged_attention_prefill(
         mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
         out[lo:hi] = _sdpa(q[lo:hi], k, v, mask, scale)
     return out
+
+
+# Short query runs (speculative verification: k + 1 tokens) go through one padded SDPA call; long
+# prompt chunks through one call per sequence, where padding would waste more than the loop costs.
+_BATCHED_MAX_QUERY = 8
+
+
+def _gather_padded(cache: torch.Tensor, block_tables: torch.Tensor, max_len: int) -> torch.Tensor:
+    """``[B, max_len, KVH, D]``: each sequence's context, padded with whatever blocks follow."""
+    batch, block_size = block_tables.shape[0], cache.shape[1]
+    num_blocks = (max_len + block_size - 1) // block_size
+    # index_select on the flat block list is about twice as fast as advanced indexing on CPU.
+    table = block_tables[:, :num_blocks].reshape(-1).long().clamp(min=0)
+    shape = (batch, num_blocks * block_size, *cache.shape[2:])
+    return cache.index_select(0, table).view(shape)[:, :max_len]
+
+
+def _prefill_batched(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+    batch, max_len = seq_lens.shape[0], int(seq_lens.max())
+    q_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()
+    max_q = int(q_lens.max())
+    token_seq = torch.repeat_interleave(torch.arange(batch, device=q.device), q_lens)
+    token_row = torch.arange(q.shape[0], device=q.device) - query_start_loc[token_seq].long()
+    q_pad = q.new_zeros(batch, max_q, *q.shape[1:])
+    q_pad[token_seq, token_row] = q
+    # Row i of sequence b sits at position seq_len - q_len + i; padding rows see key 0 at least.
+    q_pos = (seq_lens.long() - q_lens)[:, None] + torch.arange(max_q, device=q.device)[None, :]
+    mask = torch.arange(max_len, device=q.device)[None, None, :] <= q_pos[:, :, None]
+    out = F.scaled_dot_product_attention(
+        q_pad.transpose(1, 2).float(),  # [B, H, max_q, D]
+        _gather_padded(k_cache, block_tables, max_len).transpose(1, 2).float(),
+        _gather_padded(v_cache, block_tables, max_len).transpose(1, 2).float(),
+        attn_mask=mask[:, None],
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2)[token_seq, token_row].to(q.dtype)
 
 
 def paged_attention_decode(
@@ -117,14 +155,9 @@ def paged_attention_decode(
     batch = q.shape[0]
     if batch == 0:
         return torch.empty_like(q)
-    block_size = k_cache.shape[1]
     max_len = int(seq_lens.max())
-    num_blocks = (max_len + block_size - 1) // block_size
-    # index_select on the flat block list is about twice as fast as advanced indexing on CPU.
-    table = block_tables[:, :num_blocks].reshape(-1).long().clamp(min=0)
-    kv_shape = (batch, num_blocks * block_size, *k_cache.shape[2:])
-    k = k_cache.index_select(0, table).view(kv_shape)[:, :max_len]  # [B, L, KVH, D]
-    v = v_cache.index_select(0, table).view(kv_shape)[:, :max_len]
+    k = _gather_padded(k_cache, block_tables, max_len)  # [B, L, KVH, D]
+    v = _gather_padded(v_cache, block_tables, max_len)
     mask = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None].to(q.device)
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2).float(),  # [B, H, 1, D]
