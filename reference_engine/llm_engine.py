@@ -4,7 +4,6 @@ tokens into ``RequestOutput``s. ``LLM`` and ``AsyncLLM`` both drive an instance 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +30,6 @@ class _Stream:
     detokenizer: IncrementalDetokenizer
     num_tokens_sent: int = 0
     text_sent: int = 0
-    first_token_time: float | None = None
 
 
 class LLMEngine:
@@ -198,7 +196,11 @@ class LLMEngine:
             req.append_token(tok)
             new_tokens.append(tok)
             if p.logprobs is not None:
-                req.logprobs.append(result.logprobs[i])
+                entry = result.logprobs[i]
+                if self.tokenizer is not None:
+                    for token_id, lp in entry.items():
+                        lp.decoded_token = self.tokenizer.decode([token_id])
+                req.logprobs.append(entry)
                 req.cumulative_logprob += result.token_logprobs[i]
             finish = self._stop_by_token(req, tok)
             if finish is not None:
@@ -222,8 +224,6 @@ class LLMEngine:
     ) -> tuple | None:
         stream = self.streams[req.request_id]
         detok = stream.detokenizer
-        if stream.first_token_time is None:
-            stream.first_token_time = time.monotonic()
         to_text = new_tokens
         if finish is not None and finish[0] == "stop" and not req.params.include_stop_str_in_output:
             to_text = new_tokens[:-1]  # the EOS / stop token is not part of the text

@@ -141,6 +141,7 @@ def test_logprobs_hold_top_n_and_the_chosen_token(llm):
         assert tok in entry and entry[tok].rank == 1  # greedy picks the top token
         assert 3 <= len(entry) <= 4
         assert all(lp.logprob <= 0 for lp in entry.values())
+        assert entry[tok].decoded_token == llm.get_tokenizer().decode([tok])
     assert c.cumulative_logprob == pytest.approx(
         sum(e[t].logprob for t, e in zip(c.token_ids, c.logprobs)), rel=1e-5
     )
