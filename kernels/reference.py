@@ -112,10 +112,11 @@ def _gather_padded(cache: torch.Tensor, block_tables: torch.Tensor, max_len: int
     """``[B, max_len, KVH, D]``: each sequence's context, padded with whatever blocks follow."""
     batch, block_size = block_tables.shape[0], cache.shape[1]
     num_blocks = (max_len + block_size - 1) // block_size
-    # index_select on the flat block list is about twice as fast as advanced indexing on CPU.
+    # index_select of whole blocks as flat rows is several times faster on CPU than advanced
+    # indexing or a 4-D index_select.
     table = block_tables[:, :num_blocks].reshape(-1).long().clamp(min=0)
     shape = (batch, num_blocks * block_size, *cache.shape[2:])
-    return cache.index_select(0, table).view(shape)[:, :max_len]
+    return cache.view(cache.shape[0], -1).index_select(0, table).view(shape)[:, :max_len]
 
 
 def _prefill_batched(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
