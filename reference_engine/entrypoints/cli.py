@@ -16,6 +16,7 @@ import sys
 import types
 import typing
 import uuid
+from pathlib import Path
 from typing import Any
 
 from reference_engine.config import AsyncEngineArgs
@@ -156,6 +157,12 @@ async def _generate(ns: argparse.Namespace) -> None:
 
 
 def cmd_bench(argv: list[str]) -> int | None:
+    # `benchmarks` is not an installed package: find it in the checkout (editable install) or
+    # the working directory.
+    repo = Path(__file__).resolve().parents[2]
+    for root in (repo, Path.cwd()):
+        if (root / "benchmarks").is_dir() and str(root) not in sys.path:
+            sys.path.append(str(root))
     try:
         bench: types.ModuleType = importlib.import_module("benchmarks.throughput")
     except ImportError as e:

@@ -10,6 +10,7 @@ import sys
 import threading
 
 import httpx
+import pytest
 
 from reference_engine.entrypoints.cli import main
 
@@ -137,3 +138,10 @@ def test_engine_options_mirror_engine_args():
     args = engine_args(ns, model=ns.model)
     assert (args.max_num_seqs, args.block_size, args.enable_prefix_caching) == (3, 32, False)
     assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 2}
+
+
+def test_bench_delegates_to_the_benchmark(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    assert "--num-prompts" in capsys.readouterr().out
