@@ -56,8 +56,12 @@ class RunningServer:
         self.thread.join(timeout=30)
 
 
-def start_server(engine: Any, **app_kwargs: Any) -> RunningServer:
+def start_server(
+    engine: Any, configure: Callable[[Any], None] | None = None, **app_kwargs: Any
+) -> RunningServer:
     app = build_app(engine, MODEL_NAME, model_path=str(MODEL), **app_kwargs)
+    if configure is not None:
+        configure(app)
     server = make_server(app, "127.0.0.1", 0, shutdown_timeout=2.0, log_level="warning")
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()

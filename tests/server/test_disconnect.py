@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 
 import httpx
 import openai
 
-from .helpers import MODEL_NAME, RunningServer, wait_until
+from .helpers import MODEL_NAME, RunningServer, start_server, wait_until
 
 LONG = {"max_tokens": 1000, "temperature": 0, "extra_body": {"ignore_eos": True}}
 
@@ -52,7 +53,11 @@ async def _drop_after(client: openai.AsyncOpenAI, num_chunks: int, chat: bool) -
             model=MODEL_NAME, prompt="Once upon a time", stream=True, **LONG
         )
     seen = 0
-    async for _ in stream:
+    async for chunk in stream:
+        # Only chunks from the engine count: a client gone after the chat role chunk alone may
+        # leave before its request reached the engine, and then there is nothing to abort.
+        if chat and chunk.choices[0].delta.role:
+            continue
         seen += 1
         if seen >= num_chunks:
             break
@@ -87,3 +92,27 @@ async def test_non_streaming_clients_that_time_out_are_aborted(server: RunningSe
     wait_until(lambda: _aborts(server) - before >= 8, 30, "8 aborts counted")
     assert _aborts(server) - before == 8
     _assert_idle_and_alive(server)
+
+
+async def test_disconnects_seen_behind_middleware(engine):
+    from starlette.middleware.base import BaseHTTPMiddleware
+
+    async def passthrough(request, call_next):
+        return await call_next(request)
+
+    running = start_server(
+        engine, configure=lambda app: app.add_middleware(BaseHTTPMiddleware, dispatch=passthrough)
+    )
+    try:
+        before = _aborts(running)
+        client = openai.AsyncOpenAI(base_url=running.base_url, api_key="x", max_retries=0)
+        await asyncio.gather(*(_drop_after(client, 2, chat=False) for _ in range(6)))
+        timed_out = openai.AsyncOpenAI(
+            base_url=running.base_url, api_key="x", max_retries=0, timeout=0.5
+        )
+        with contextlib.suppress(openai.APITimeoutError):
+            await timed_out.completions.create(model=MODEL_NAME, prompt="Once", **LONG)
+        wait_until(lambda: _aborts(running) - before >= 7, 30, "7 aborts counted")
+        _assert_idle_and_alive(running)
+    finally:
+        running.stop()
