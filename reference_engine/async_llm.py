@@ -109,6 +109,10 @@ class AsyncLLM:
         return self.tokenizer
 
     @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
     def scheduler(self):
         return self.engine.scheduler
 

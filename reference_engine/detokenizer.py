@@ -86,10 +86,12 @@ class IncrementalDetokenizer:
         return self.text[: max(len(self.text) - hold, 0)]
 
     def flush(self) -> None:
-        """Emits the bytes still held back (an incomplete character decodes to U+FFFD)."""
-        if self.read_offset < len(self.token_ids):
-            ids = self.token_ids
-            prefix = self._decode(ids[self.prefix_offset : self.read_offset])
-            window = self._decode(ids[self.prefix_offset :])
-            self.text += window[len(prefix) :]
-            self.prefix_offset, self.read_offset = self.read_offset, len(ids)
+        """At the end: emits the bytes still held back, less an incomplete trailing character
+        (dropped, as vLLM does, rather than shown as U+FFFD)."""
+        if self.tokenizer is None or self.read_offset >= len(self.token_ids):
+            return
+        ids = self.token_ids
+        prefix = self._decode(ids[self.prefix_offset : self.read_offset])
+        window = self._decode(ids[self.prefix_offset :])
+        self.text += window[len(prefix) :].rstrip("\ufffd")
+        self.prefix_offset, self.read_offset = self.read_offset, len(ids)

@@ -59,3 +59,14 @@ def test_stop_strings_before_min_tokens_do_not_stop(tokenizer):
     detok = IncrementalDetokenizer(tokenizer, stop_strings=["ab"])
     stop, taken = detok.add_tokens(ids, check_stop_from=len(ids))
     assert stop is None and taken == len(ids)
+
+
+def test_an_incomplete_last_character_is_dropped_at_the_end(tokenizer):
+    ids = tokenizer.encode("日本語の絵文字 🍕🎉", add_special_tokens=False)
+    cuts = [i for i in range(1, len(ids)) if tokenizer.decode(ids[:i]).endswith("\ufffd")]
+    assert cuts, "no token boundary splits a character here"
+    detok = IncrementalDetokenizer(tokenizer)
+    detok.add_tokens(ids[: cuts[0]])
+    detok.flush()
+    assert detok.text == tokenizer.decode(ids[: cuts[0]]).rstrip("\ufffd")
+    assert "\ufffd" not in detok.text
