@@ -15,14 +15,15 @@ def _num_sms(index: int) -> int:
 def default_num_splits(
     batch: int, num_kv_heads: int, max_context: int, device: torch.device
 ) -> int:
-    """Splits that give about four programs per multiprocessor, each with at least 512 tokens.
+    """Splits that give at least three programs per multiprocessor, rounded up to a power of
+    two, each split at least 512 tokens long.
 
     Depends on shapes only (``max_context`` is an upper bound, e.g. the block table's capacity),
     so a CUDA graph captured for one batch size keeps a valid grid.
     """
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
     programs = max(batch * num_kv_heads, 1)
-    want = -(-4 * sms // programs)
+    want = 1 << max(-(-3 * sms // programs) - 1, 0).bit_length()
     return max(1, min(want, -(-max_context // 512), 64))
 
 

@@ -62,13 +62,13 @@ def _decode_split_kernel(
         v_off = page[:, None] * stride_v_blk + tok[:, None] * stride_v_tok + offs_d[None, :]
         k = tl.load(k_base + k_off, mask=kv_mask, other=0.0)
         v = tl.load(v_base + v_off, mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-        qk = tl.where(n_mask[None, :], qk, float("-inf"))
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        qk = tl.where(n_mask[None, :], qk * scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
 
     # An empty range (or an empty sequence) leaves l_i == 0: write zeros and a -inf weight.

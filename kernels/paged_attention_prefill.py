@@ -22,7 +22,7 @@ def _attend_tile(
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_n = tl.multiple_of(n0, BLOCK_N) + tl.arange(0, BLOCK_N)
     n_mask = offs_n < kv_limit
     kv_mask = n_mask[:, None] & d_mask[None, :]
     # A tile of BLOCK_N tokens spans BLOCK_N / PAGE pages: gather each row's page from the table.
@@ -39,15 +39,19 @@ def _attend_tile(
     else:
         k = tl.load(k_ptr + k_off)
         v = tl.load(v_ptr + v_off)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if MASKED:
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        qk = tl.where(visible, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        qk = tl.where(visible, qk * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        p = tl.exp2(qk - m_new[:, None])
+    else:
+        # scale_log2 > 0, so the row max commutes with the scaling (one fused multiply-add).
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale_log2)
+        p = tl.exp2(qk * scale_log2 - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
 
@@ -115,7 +119,7 @@ def default_config(q: torch.Tensor) -> dict[str, int]:
         return {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1}
     if q.shape[-1] <= 64:
         return {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 3}
-    return {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}
+    return {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3}
 
 
 def paged_attention_prefill(
@@ -147,6 +151,7 @@ def paged_attention_prefill(
     if max_query_len == 0:
         return out
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    assert scale > 0
     cfg = {**default_config(q), **(config or {})}
     grid = (triton.cdiv(max_query_len, cfg["block_m"]), batch * num_heads)
     _prefill_kernel[grid](
