@@ -25,6 +25,30 @@ def test_leaky_server_fails_the_run(run_loadtest):
     assert r.summary["leaks"] != "none"
 
 
+def test_server_that_decodes_for_nobody_fails_when_it_outlasts_the_timeout(run_loadtest):
+    # Without the abort, a 512-token request whose client timed out runs ~25 s at 50 ms a step.
+    r = run_loadtest(
+        "--server-cmd",
+        fake_cmd("--leak", "no-abort", "--step-ms", "50"),
+        "--users",
+        "2",
+        "--spawn-rate",
+        "2",
+        "--run-time",
+        "5",
+        "--idle-timeout",
+        "3",
+        "--disconnect-mix",
+        "client-timeout=1",
+        "--disconnect-ratio",
+        "1",
+    )
+    assert r.rc == 1, r.text
+    assert "LEAK" in r.text
+    s = r.summary
+    assert s["server_generated_tokens"] > s["output_tokens"] + s["tokens_before_disconnect"]
+
+
 def test_server_that_dies_fails_the_run(run_loadtest):
     r = run_loadtest("--server-cmd", fake_cmd("--crash-after", "10"), *COMMON)
     assert r.rc == 1, r.text
