@@ -1,0 +1,160 @@
+"""The adapter protocol: everything the suite needs from an engine, and nothing more.
+
+An adapter builds the engine's two front ends and lets the suite observe them. The engines it
+returns are the engine's *own* objects (vLLM's ``LLM`` and ``AsyncLLM``, the reference
+engine's, ...) or, for engines behind a wire protocol, thin objects with the same shape:
+
+- offline: ``generate(prompts, sampling_params) -> list[RequestOutput]`` in input order;
+- online: ``generate(prompt, sampling_params, request_id)`` is an async generator of
+  ``RequestOutput``; ``await abort(request_id | list[str])``.
+
+``RequestOutput`` means vLLM's shape: ``request_id``, ``finished``, ``outputs[0]`` with
+``token_ids``, ``text``, ``finish_reason``, ``logprobs`` (one ``{token_id: obj.logprob}`` per
+generated token when asked for). Prompts are ``{"prompt_token_ids": [...]}`` or ``str``.
+
+See docs/adapters.md for a worked example.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+OutputKind = Literal["CUMULATIVE", "DELTA", "FINAL_ONLY"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the engine promises or lets the suite see. A ``False`` turns the tests that need it
+    into visible skips, with the field's name as the reason."""
+
+    # Same outputs whatever the batch: offline and online outputs must then be token-identical;
+    # otherwise they may differ from a near-tie on.
+    batch_invariant: bool = False
+    # n-gram speculative decoding can be switched on (``speculative_config`` option).
+    speculative_decoding: bool = False
+    output_kinds: frozenset[str] = frozenset({"CUMULATIVE", "DELTA", "FINAL_ONLY"})
+    # ``kv_state`` reports real block accounting (not a constant).
+    observes_kv_blocks: bool = True
+    # ``abort`` ends the stream with a final output whose finish_reason is "abort"
+    # (an HTTP client that disconnects sees no such output).
+    abort_final_output: bool = True
+    # ``abort`` accepts a list of request ids.
+    abort_list: bool = True
+    # ``scheduler_class`` can name the scheduler of both front ends.
+    observes_scheduler: bool = True
+    # ``observe_batches`` can count the requests of each offline engine step.
+    observes_batches: bool = True
+    # ``alias`` names an old/new name pair to check.
+    has_alias: bool = True
+    # ``generate`` of the online engine validates parameters (raises before any output).
+    validates_input: bool = True
+    # seeded random sampling is reproducible per request.
+    seeded_sampling: bool = True
+    # top-n logprobs per generated token, needed for the near-tie rule.
+    logprobs: bool = True
+
+
+@dataclass(frozen=True)
+class KVState:
+    """One observation of the engine's load. ``used_blocks`` counts blocks held by live requests
+    (prefix-cached blocks that no request holds count as free); ``None`` where only a usage
+    fraction is visible."""
+
+    usage: float
+    num_unfinished: int
+    used_blocks: int | None = None
+    total_blocks: int | None = None
+
+    def is_idle_like(self, baseline: KVState) -> bool:
+        if self.num_unfinished != baseline.num_unfinished:
+            return False
+        if self.used_blocks is not None and baseline.used_blocks is not None:
+            return self.used_blocks == baseline.used_blocks
+        return abs(self.usage - baseline.usage) < 1e-9
+
+
+@dataclass(frozen=True)
+class AliasPair:
+    """``from old_module import old_name`` must still work and be (or subclass) ``new``."""
+
+    old_module: str
+    old_name: str
+    new_module: str
+    new_name: str
+
+
+@dataclass
+class EngineOptions:
+    """What the user chose on the command line: model folder and engine keyword options."""
+
+    model: Path
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class EngineAdapter(ABC):
+    """One engine, as the suite sees it. Engines are costly: the suite builds each kind once per
+    session through ``make_offline`` / ``make_online`` and tears it down with ``shutdown``."""
+
+    name: str = "engine"
+    capabilities: Capabilities = Capabilities()
+    alias: AliasPair | None = None
+
+    def __init__(self, config: EngineOptions):
+        self.config = config
+
+    # --- building -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def make_offline(self, **overrides: Any) -> Any:
+        """The offline engine (``LLM``-like), with the user's options updated by ``overrides``."""
+
+    @abstractmethod
+    def make_online(self, **overrides: Any) -> Any:
+        """The online engine (``AsyncLLM``-like). Called from inside the suite's event loop."""
+
+    def make_online_via_alias(self, **overrides: Any) -> Any:
+        """The online engine built through the old name (``alias.old_name``)."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def shutdown(self, engine: Any) -> None:
+        """Release an engine built by this adapter. Idempotent."""
+
+    # --- parameters ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def sampling_params(self, output_kind: OutputKind | None = None, **fields: Any) -> Any:
+        """The engine's own ``SamplingParams`` with vLLM's field names; the online
+        ``output_kind`` given by name."""
+
+    # --- observing ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def kv_state(self, engine: Any) -> KVState:
+        """The engine's load now (or as last reported by the engine)."""
+
+    def scheduler_class(self, engine: Any) -> str:
+        """Qualified name of the scheduler class that runs this engine's requests."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def observe_batches(self, engine: Any) -> Iterator[list[int]]:
+        """While open, appends to the yielded list the number of requests of each engine step of
+        the offline ``engine``."""
+        raise NotImplementedError
+        yield []
+
+    def tokenizer(self) -> Any:
+        """A Hugging Face tokenizer of the model (decode checks text against token ids)."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(self.config.model))
+
+    def describe(self) -> dict[str, str]:
+        """Versions and settings for the report."""
+        return {"engine": self.name, "model": str(self.config.model)}

