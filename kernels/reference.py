@@ -86,7 +86,9 @@ def paged_attention_prefill(
     """Causal attention of the new tokens ``q [T, H, D]`` of many sequences over their paged
     context (cached prefix plus themselves). Returns ``[T, H, D]``."""
     q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    if q.shape[0] and int(q_lens.max()) <= _BATCHED_MAX_QUERY:
+    max_q = int(q_lens.max()) if q.shape[0] else 0
+    # Padding to the longest run wastes at most half the rows: one call beats a Python loop.
+    if q.shape[0] and (max_q <= _BATCHED_MAX_QUERY or max_q * len(q_lens) <= 2 * q.shape[0]):
         return _prefill_batched(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
@@ -103,8 +105,8 @@ def paged_attention_prefill(
     return out
 
 
-# Short query runs (speculative verification: k + 1 tokens) go through one padded SDPA call; long
-# prompt chunks through one call per sequence, where padding would waste more than the loop costs.
+# Short query runs (speculative verification: k + 1 tokens), or runs of similar length, go through
+# one padded SDPA call; otherwise one call per sequence, where padding would waste more.
 _BATCHED_MAX_QUERY = 8
 
 
