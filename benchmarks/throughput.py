@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         "--prompt-set", help="a fixture prompt set (e.g. repetitive) instead of random ids"
     )
     ap.add_argument("--rounds", type=int, default=3, help="report each engine's median round")
+    ap.add_argument("--threads", type=int, help="torch CPU threads in every engine's process")
     ap.add_argument("--engine-args", default="{}", help="JSON of reference EngineArgs fields")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument(
@@ -247,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = (args.num_prompts, args.prompt_len, args.output_len, vocab)
     w = make_workload(*sizes, args.seed, prompt_set)
     engine_args = json.loads(args.engine_args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.single:  # one measurement, in this fresh process, reported on stdout
         # The warm-up load differs from the measured one, so no prefix-cache hit helps the timing.
         warm = make_workload(
@@ -267,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     base = results[0].tok_per_s
     print(
         f"\n{len(w.prompts)} prompts, {w.num_output_tokens} output tokens, "
-        f"torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads"
+        f"torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} torch threads"
     )
     print(f"| engine | seconds | output tok/s | ratio to {results[0].engine} | notes |")
     print("|---|---:|---:|---:|---|")
