@@ -1,0 +1,122 @@
+"""The request lifecycle as a state machine: hypothesis adds, aborts, cancels and drains requests
+in random orders on one online engine. After every step, no stream has more than one finished
+output; after every drain, every request that was left alone equals its solo output, every stream
+has ended exactly once, and the engine's load is back at its baseline. A failing run shrinks to
+a minimal sequence of steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+import fixtures
+from conformance.compare import equivalence_problem
+from conformance.scenarios import PROMPT_S, Stream, consume, fresh_id, generate_one, wait_idle
+
+PROMPTS = fixtures.load_prompts("short")[:4]
+PARAMS = dict(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=5)
+
+
+@dataclass
+class Tracked:
+    prompt: str
+    stream: Stream
+    task: asyncio.Task
+    fate: str = "live"  # or "aborted", "cancelled"
+
+
+@pytest.fixture(scope="module")
+def solo(adapter: Any, online: Any, aio: Any) -> dict[str, Any]:
+    params = adapter.sampling_params(**PARAMS)
+    return {p: aio.run(generate_one(online, p, params)).final.outputs[0] for p in PROMPTS}
+
+
+def test_lifecycle_state_machine(
+    adapter: Any, online: Any, online_baseline: Any, aio: Any, solo: Any, stateful_steps: int
+) -> None:
+    exact = adapter.capabilities.batch_invariant
+
+    class Lifecycle(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tracked: list[Tracked] = []
+
+        def live(self) -> list[Tracked]:
+            return [t for t in self.tracked if t.fate == "live" and not t.task.done()]
+
+        @rule(prompt=st.sampled_from(PROMPTS))
+        def add(self, prompt: str) -> None:
+            async def start() -> Tracked:
+                stream = Stream(fresh_id("life"))
+                params = adapter.sampling_params(**PARAMS)
+                task = asyncio.create_task(consume(online, prompt, params, stream))
+                await asyncio.sleep(0)  # hand the request to the engine now
+                return Tracked(prompt, stream, task)
+
+            self.tracked.append(aio.run(start()))
+
+        @precondition(lambda self: self.live())
+        @rule(data=st.data())
+        def abort(self, data: st.DataObject) -> None:
+            victim = data.draw(st.sampled_from(self.live()), label="abort")
+            victim.fate = "aborted"
+            aio.run(online.abort(victim.stream.request_id))
+
+        @precondition(lambda self: self.live())
+        @rule(data=st.data())
+        def cancel(self, data: st.DataObject) -> None:
+            victim = data.draw(st.sampled_from(self.live()), label="cancel")
+            victim.fate = "cancelled"
+
+            async def cancel() -> None:
+                victim.task.cancel()
+                await asyncio.gather(victim.task, return_exceptions=True)
+
+            aio.run(cancel())
+
+        @rule()
+        def drain(self) -> None:
+            async def wait_all() -> None:
+                tasks = [t.task for t in self.tracked]
+                await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), PROMPT_S)
+
+            aio.run(wait_all())
+            for t in self.tracked:
+                s = t.stream
+                assert s.error is None, f"{s.request_id} raised {s.error!r}"
+                if t.fate == "live":
+                    assert s.num_finished == 1 and s.final.finished, f"{s.request_id} never ended"
+                    problem = equivalence_problem(
+                        solo[t.prompt], s.final.outputs[0], exact=exact, greedy=True
+                    )
+                    assert problem is None, f"{s.request_id} differs from its solo run: {problem}"
+                elif t.fate == "aborted" and adapter.capabilities.abort_final_output:
+                    assert s.num_finished == 1, f"aborted {s.request_id} did not end once"
+            last = aio.run(wait_idle(adapter, online, online_baseline))
+            assert last.is_idle_like(online_baseline), f"not idle after a drain: {last}"
+            self.tracked.clear()
+
+        @invariant()
+        def at_most_one_finished_output(self) -> None:
+            for t in self.tracked:
+                assert t.stream.num_finished <= 1, f"{t.stream.request_id} finished twice"
+
+        def teardown(self) -> None:
+            self.drain()
+
+    run_state_machine_as_test(
+        Lifecycle, settings=settings(stateful_step_count=stateful_steps, deadline=None)
+    )
