@@ -1,5 +1,8 @@
-"""Bad input: invalid sampling parameters and prompts over the model length fail with a clear
-error before any output, and the engine keeps serving the next request with nothing leaked."""
+"""Bad input: invalid parameters and over-long prompts fail clearly, before any output.
+
+The error is a ``ValueError`` that names the offending field, raised when the parameters are
+built or by ``generate`` before it yields; nothing is left queued, and the engine keeps serving.
+"""
 
 from __future__ import annotations
 
@@ -10,58 +13,72 @@ import pytest
 from conformance.scenarios import fresh_id, generate_one, wait_idle
 
 INVALID = [
-    {"temperature": -1.0},
-    {"top_p": 0.0},
-    {"top_p": 1.5},
-    {"max_tokens": 0},
-    {"min_p": 2.0},
+    ("temperature", {"temperature": -1.0}),
+    ("top_p", {"top_p": 0.0}),
+    ("top_p", {"top_p": 1.5}),
+    ("top_k", {"top_k": -5}),
+    ("max_tokens", {"max_tokens": 0}),
+    ("min_p", {"min_p": 1.5}),
+    ("min_tokens", {"min_tokens": 10, "max_tokens": 2}),
+    ("n", {"n": 0}),
 ]
 
 
-@pytest.fixture(autouse=True)
-def _needs_validation(adapter: Any) -> None:
-    if not adapter.capabilities.validates_input:
-        pytest.skip(f"{adapter.name} does not declare capability 'validates_input'")
+async def _outputs_of(engine: Any, prompt: Any, params: Any) -> list[Any]:
+    return [out async for out in engine.generate(prompt, params, fresh_id("bad"))]
 
 
-async def first_output_or_error(engine: Any, prompt: Any, params: Any) -> BaseException | None:
-    gen = engine.generate(prompt, params, fresh_id("bad"))
-    try:
-        out = await gen.__anext__()
-    except Exception as e:  # noqa: BLE001 - the error is what the test looks at
-        return e
-    await gen.aclose()
-    raise AssertionError(f"accepted bad input and produced {out!r}")
-
-
-@pytest.mark.parametrize("fields", INVALID, ids=lambda f: next(iter(f)))
-def test_invalid_sampling_params_fail_before_any_output(
-    adapter: Any, online: Any, online_baseline: Any, aio: Any, fields: dict
-) -> None:
-    try:
-        params = adapter.sampling_params(**{"max_tokens": 4, **fields})
-    except ValueError as e:  # rejected already when built: the clearest place
-        assert next(iter(fields)) in str(e), f"the error does not name the field: {e}"
-        return
-    error = aio.run(first_output_or_error(online, "hello", params))
-    assert next(iter(fields)) in str(error), f"the error does not name the field: {error!r}"
-    _still_serving(adapter, online, online_baseline, aio)
-
-
-def test_a_prompt_over_the_model_length_fails_before_any_output(
-    adapter: Any, online: Any, online_baseline: Any, aio: Any
-) -> None:
-    too_long = {"prompt_token_ids": [11] * 100_000}
-    params = adapter.sampling_params(temperature=0.0, max_tokens=4)
-    error = aio.run(first_output_or_error(online, too_long, params))
-    assert error is not None and "length" in str(error).lower(), repr(error)
-    _still_serving(adapter, online, online_baseline, aio)
-
-
-def _still_serving(adapter: Any, online: Any, baseline: Any, aio: Any) -> None:
-    params = adapter.sampling_params(temperature=0.0, max_tokens=4, ignore_eos=True)
-    stream = aio.run(generate_one(online, "and now a good one", params))
-    assert stream.error is None and stream.final.finished
-    assert len(stream.final.outputs[0].token_ids) == 4
+def _still_serves(adapter: Any, online: Any, aio: Any, baseline: Any, vocab: Any) -> None:
+    prompt = {"prompt_token_ids": [vocab.low + 1, vocab.low + 2, vocab.low + 3]}
+    stream = aio.run(generate_one(online, prompt, adapter.sampling_params(max_tokens=4)))
+    assert stream.error is None and stream.final.finished, "the engine stopped serving"
     last = aio.run(wait_idle(adapter, online, baseline))
-    assert last.is_idle_like(baseline), f"bad input left load behind: {last}"
+    assert last.is_idle_like(baseline), f"not back to idle: {last}"
+
+
+@pytest.mark.requires("validates_input")
+@pytest.mark.parametrize(("field", "kwargs"), INVALID, ids=[f"{f}={v}" for f, v in INVALID])
+def test_invalid_sampling_params_fail_before_any_output(
+    adapter: Any, online: Any, online_baseline: Any, aio: Any, vocab: Any,
+    field: str, kwargs: dict[str, Any],
+) -> None:
+    prompt = {"prompt_token_ids": [vocab.low, vocab.low + 1]}
+    outputs: list[Any] = []
+
+    async def attempt() -> None:
+        params = adapter.sampling_params(**kwargs)
+        outputs.extend(await _outputs_of(online, prompt, params))
+
+    with pytest.raises(ValueError, match=field):
+        aio.run(attempt())
+    assert outputs == [], "outputs came before the error"
+    _still_serves(adapter, online, aio, online_baseline, vocab)
+
+
+@pytest.mark.requires("validates_input")
+def test_a_prompt_longer_than_max_model_len_fails_before_any_output(
+    adapter: Any, online: Any, online_baseline: Any, aio: Any, vocab: Any
+) -> None:
+    too_long = {"prompt_token_ids": [vocab.low] * (adapter.max_model_len() + 1)}
+    outputs: list[Any] = []
+
+    async def attempt() -> None:
+        outputs.extend(await _outputs_of(online, too_long, adapter.sampling_params(max_tokens=2)))
+
+    with pytest.raises(ValueError):
+        aio.run(attempt())
+    assert outputs == []
+    _still_serves(adapter, online, aio, online_baseline, vocab)
+
+
+@pytest.mark.requires("validates_input")
+def test_offline_generate_with_one_bad_prompt_leaves_nothing_queued(
+    adapter: Any, offline: Any, offline_baseline: Any, vocab: Any
+) -> None:
+    good = {"prompt_token_ids": [vocab.low, vocab.low + 1]}
+    too_long = {"prompt_token_ids": [vocab.low] * (adapter.max_model_len() + 1)}
+    with pytest.raises(ValueError):
+        offline.generate([good, too_long], adapter.sampling_params(max_tokens=2), use_tqdm=False)
+    assert adapter.kv_state(offline).is_idle_like(offline_baseline)
+    outs = offline.generate([good], adapter.sampling_params(max_tokens=2), use_tqdm=False)
+    assert len(outs) == 1 and len(outs[0].outputs[0].token_ids) == 2
