@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import fixtures
+from conformance.aio import async_wait_until
 from conformance.compare import equivalence_problem
 from conformance.scenarios import (
     PROMPT_S,
@@ -45,6 +46,15 @@ def assert_ended_by_abort(adapter: Any, stream: Stream) -> None:
 
 async def end_of(task: asyncio.Task) -> None:
     await asyncio.wait_for(task, PROMPT_S)
+
+
+async def until_unfinished(adapter: Any, engine: Any, count: int) -> None:
+    """Waits until the engine holds ``count`` unfinished requests: ``generate`` may await
+    several times before its request reaches the engine, and an earlier abort would miss it."""
+    reached = await async_wait_until(
+        lambda: adapter.kv_state(engine).num_unfinished >= count, PROMPT_S
+    )
+    assert reached, f"the engine never held {count} unfinished requests"
 
 
 async def assert_back_to_idle(adapter: Any, engine: Any, baseline: Any) -> None:
@@ -90,7 +100,7 @@ def test_abort_during_prefill(adapter: Any, online: Any, online_baseline: Any, a
     async def scenario() -> None:
         prompt = fixtures.load_prompts("long")[-1]  # > 1000 tokens
         stream, task = start(online, prompt, adapter.sampling_params(**ENDLESS), "prefill")
-        await asyncio.sleep(0)  # let the request reach the engine before aborting it
+        await until_unfinished(adapter, online, 1)  # the engine has it: now abort
         await online.abort(stream.request_id)
         await end_of(task)
         assert_ended_by_abort(adapter, stream)
@@ -115,7 +125,7 @@ def test_abort_while_queued(adapter: Any, narrow_online: Any, aio: Any):
         running, running_task = start(narrow_online, "first in line", params, "running")
         assert await wait_for_outputs(running, 1)
         queued, queued_task = start(narrow_online, "second in line", params, "queued")
-        await asyncio.sleep(0)
+        await until_unfinished(adapter, narrow_online, 2)
         await narrow_online.abort(queued.request_id)
         await end_of(queued_task)
         assert_ended_by_abort(adapter, queued)

@@ -149,6 +149,14 @@ class EngineAdapter(ABC):
         raise NotImplementedError
         yield []
 
+    def max_model_len(self) -> int:
+        """The longest sequence the engine accepts; by default the model's
+        ``max_position_embeddings`` (vLLM's default ``max_model_len``)."""
+        import json
+
+        config = json.loads((Path(self.config.model) / "config.json").read_text())
+        return int(config["max_position_embeddings"])
+
     def tokenizer(self) -> Any:
         """A Hugging Face tokenizer of the model (decode checks text against token ids)."""
         from transformers import AutoTokenizer
