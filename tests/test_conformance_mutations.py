@@ -18,6 +18,7 @@ CASES = [
     ("forked_scheduler", "conformance/test_same_scheduler.py", False),
     ("leaky_abort", "conformance/test_abort_frees_kv.py", False),
     ("no_validation", "conformance/test_bad_input.py", False),
+    ("finished_twice", "conformance/test_lifecycle.py", False),
 ]
 
 
