@@ -5,7 +5,8 @@
         [--hypothesis-profile=ci|thorough]
 
 Each option has an environment variable for tox and CI: CONFORMANCE_ENGINE, CONFORMANCE_MODEL,
-CONFORMANCE_ENGINE_OPTIONS (a JSON object), CONFORMANCE_REPORT, CONFORMANCE_PROFILE.
+CONFORMANCE_ENGINE_OPTIONS (a JSON object), CONFORMANCE_REPORT, CONFORMANCE_PROFILE; and
+CONFORMANCE_IDLE_TIMEOUT, the seconds an engine gets to return to idle (default 60).
 """
 
 from __future__ import annotations
@@ -94,7 +95,10 @@ def pytest_configure(config: pytest.Config) -> None:
         settings.load_profile(os.environ.get("CONFORMANCE_PROFILE", "ci"))
     model = Path(config.getoption("model") or fixtures.model_path("tiny-llama"))
     options = EngineOptions(model, _engine_options(config))
-    adapter = load_adapter(config.getoption("engine"), options)
+    try:
+        adapter = load_adapter(config.getoption("engine"), options)
+    except (ValueError, ConnectionError) as e:
+        raise pytest.UsageError(f"--engine={config.getoption('engine')}: {e}") from None
     config.stash[ADAPTER] = adapter
     config.stash[SUMMARY] = Summary(adapter.describe())
 

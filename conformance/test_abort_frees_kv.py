@@ -112,6 +112,8 @@ def test_abort_during_prefill(adapter: Any, online: Any, online_baseline: Any, a
 @pytest.fixture(scope="module")
 def narrow_online(adapter: Any, aio: Any) -> Any:
     """An online engine that runs one request at a time, so the next one waits in the queue."""
+    if not adapter.capabilities.reconfigurable:
+        pytest.skip(f"{adapter.name} does not declare capability 'reconfigurable'")
     engine = aio.call(lambda: adapter.make_online(max_num_seqs=1))
     yield engine
     aio.call(lambda: adapter.shutdown(engine))
@@ -153,6 +155,30 @@ def test_abort_a_list_of_ids(adapter: Any, online: Any, online_baseline: Any, ai
             await end_of(task)
             assert_ended_by_abort(adapter, stream)
         await assert_back_to_idle(adapter, online, online_baseline)
+
+    aio.run(scenario())
+
+
+@pytest.mark.requires("counts_aborts")
+def test_aborts_are_counted(adapter: Any, online: Any, online_baseline: Any, aio: Any):
+    """An abort is a way to finish: the engine counts it under the finish reason "abort"
+    (vLLM's ``vllm:request_success_total{finished_reason="abort"}``), so that disconnects show
+    on a dashboard."""
+
+    async def scenario() -> None:
+        before = adapter.aborted_count(online)
+        started = [start(online, p, adapter.sampling_params(**ENDLESS), "counted")
+                   for p in fixtures.load_prompts("short")[:2]]  # fmt: skip
+        for stream, _ in started:
+            assert await wait_for_outputs(stream, 1)
+        for stream, task in started:
+            await online.abort(stream.request_id)
+            await end_of(task)
+        await assert_back_to_idle(adapter, online, online_baseline)
+        # Idle means the aborts were applied; the counter may trail them by a report.
+        await async_wait_until(lambda: adapter.aborted_count(online) >= before + 2, 5.0)
+        counted = adapter.aborted_count(online) - before
+        assert counted == 2, f"2 requests aborted, {counted} counted as aborted"
 
     aio.run(scenario())
 

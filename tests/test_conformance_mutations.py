@@ -2,6 +2,7 @@
 reference engine with one planted fault (tests/conformance_faults.py), fails where it should and
 passes on the healthy engine."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,8 @@ CASES = [
 def test_the_property_catches_the_fault(fault: str, suite: str, should_pass: bool) -> None:
     cmd = [sys.executable, "-m", "pytest", suite, f"--engine=tests.conformance_faults:{fault}",
            "-q", "-x", "-p", "no:cacheprovider"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "CONFORMANCE_IDLE_TIMEOUT": "10"}  # a leak shows in 10 s, not 60
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     tail = proc.stdout[-3000:]
     if should_pass:
         assert proc.returncode == 0, tail

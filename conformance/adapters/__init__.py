@@ -31,10 +31,9 @@ def load_adapter(spec: str, config: EngineOptions) -> EngineAdapter:
     """The adapter named by ``spec``: a built-in name, a server URL, or ``module:factory``
     (a callable taking an ``EngineOptions`` and returning an ``EngineAdapter``)."""
     if spec.startswith(("http://", "https://")):
-        raise ValueError(
-            f"--engine={spec!r}: the adapter for servers at a URL is not built yet; "
-            "see docs/adapters.md (the load tests in loadtests/ drive servers meanwhile)"
-        )
+        from conformance.adapters.http import HttpAdapter
+
+        return HttpAdapter(config, spec)
     target = BUILTIN.get(spec, spec)
     if ":" not in target:
         raise ValueError(

@@ -57,6 +57,12 @@ class Capabilities:
     seeded_sampling: bool = True
     # top-n logprobs per generated token, needed for the near-tie rule.
     logprobs: bool = True
+    # ``make_offline`` / ``make_online`` can build engines with other options (a server at a
+    # URL cannot: it was started with its own).
+    reconfigurable: bool = True
+    # ``aborted_count`` reads how many requests the engine counted as aborted (vLLM's
+    # ``vllm:request_success_total{finished_reason="abort"}``).
+    counts_aborts: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,6 +143,10 @@ class EngineAdapter(ABC):
     @abstractmethod
     def kv_state(self, engine: Any) -> KVState:
         """The engine's load now (or as last reported by the engine)."""
+
+    def aborted_count(self, engine: Any) -> int:
+        """How many requests ``engine`` has counted as finished by an abort."""
+        raise NotImplementedError
 
     def scheduler_class(self, engine: Any) -> str:
         """Qualified name of the scheduler class that runs this engine's requests."""

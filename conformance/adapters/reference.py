@@ -21,7 +21,9 @@ DEFAULTS: dict[str, Any] = {"num_kv_blocks": 1024, "dtype": "float32"}
 
 class ReferenceAdapter(EngineAdapter):
     name = "reference"
-    capabilities = Capabilities(batch_invariant=False, speculative_decoding=True)
+    capabilities = Capabilities(
+        batch_invariant=False, speculative_decoding=True, counts_aborts=True
+    )
     alias = AliasPair(
         "reference_engine.engine.async_llm_engine",
         "AsyncLLMEngine",
@@ -70,6 +72,9 @@ class ReferenceAdapter(EngineAdapter):
             used_blocks=kv.num_used_blocks,
             total_blocks=kv.num_total_blocks,
         )
+
+    def aborted_count(self, engine: Any) -> int:
+        return engine.get_stats().finished_requests["abort"]
 
     def scheduler_class(self, engine: Any) -> str:
         core = engine.llm_engine if hasattr(engine, "llm_engine") else engine.engine

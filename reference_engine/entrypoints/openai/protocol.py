@@ -52,6 +52,10 @@ class SamplingFields(_Request):
     skip_special_tokens: bool = True
     repetition_penalty: float | None = None
     request_id: str | None = None
+    # Token ids in the response (``token_ids`` / ``prompt_token_ids`` of each choice) and
+    # logprob tokens as ``"token_id:<id>"`` strings: what token-level clients need.
+    return_token_ids: bool | None = False
+    return_tokens_as_token_ids: bool | None = False
 
 
 class CompletionRequest(SamplingFields):
@@ -106,6 +110,8 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class CompletionResponse(BaseModel):

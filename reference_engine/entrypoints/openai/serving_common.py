@@ -58,6 +58,8 @@ class Prepared:
     ids: list[int]
     text: str | None
     params: SamplingParams
+    return_token_ids: bool = False
+    tokens_as_ids: bool = False  # logprob tokens as "token_id:<id>"
 
 
 class OpenAIServing:
@@ -197,7 +199,9 @@ class OpenAIServing:
             total_tokens=num_prompt + num_generated,
         )
 
-    def token_text(self, token_id: int, lp: Logprob | None) -> str:
+    def token_text(self, token_id: int, lp: Logprob | None, as_id: bool = False) -> str:
+        if as_id:
+            return f"token_id:{token_id}"
         if lp is not None and lp.decoded_token is not None:
             return lp.decoded_token
         return self.tokenizer.decode([token_id])

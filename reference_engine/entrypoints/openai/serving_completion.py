@@ -37,7 +37,14 @@ class OpenAIServingCompletion(OpenAIServing):
         max_tokens = self.check_prompt(ids, req.max_tokens, "prompt")
         params = self.sampling_params(req, max_tokens, req.logprobs)
         self.check_engine()
-        return Prepared(rid, ids, text, params)
+        return Prepared(
+            rid,
+            ids,
+            text,
+            params,
+            return_token_ids=bool(req.return_token_ids),
+            tokens_as_ids=bool(req.return_tokens_as_token_ids),
+        )
 
     def _prompt(self, prompt: str | list) -> tuple[str | None, list[int]]:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
@@ -55,12 +62,14 @@ class OpenAIServingCompletion(OpenAIServing):
         logprobs = None
         if gen.logprobs is not None:
             logprobs = CompletionLogProbs()
-            self._add_logprobs(logprobs, gen.token_ids, gen.logprobs, 0)
+            self._add_logprobs(logprobs, gen.token_ids, gen.logprobs, 0, p.tokens_as_ids)
         choice = CompletionChoice(
             text=gen.text,
             logprobs=logprobs,
             finish_reason=gen.finish_reason,
             stop_reason=gen.stop_reason,
+            prompt_token_ids=p.ids if p.return_token_ids else None,
+            token_ids=gen.token_ids if p.return_token_ids else None,
         )
         return CompletionResponse(
             id=p.rid,
@@ -70,7 +79,7 @@ class OpenAIServingCompletion(OpenAIServing):
         )
 
     async def stream(self, p: Prepared, include_usage: bool) -> AsyncIterator[str]:
-        num_tokens, offset = 0, 0
+        num_tokens, offset, prompt_sent = 0, 0, False
         try:
             async for out in self.generate(p.ids, p.text, p.params, p.rid):
                 c = out.outputs[0]
@@ -79,8 +88,13 @@ class OpenAIServingCompletion(OpenAIServing):
                 logprobs = None
                 if c.logprobs is not None:
                     logprobs = CompletionLogProbs()
-                    offset = self._add_logprobs(logprobs, c.token_ids, c.logprobs, offset)
+                    offset = self._add_logprobs(
+                        logprobs, c.token_ids, c.logprobs, offset, p.tokens_as_ids
+                    )
                 num_tokens += len(c.token_ids)
+                ids = list(c.token_ids) if p.return_token_ids else None
+                prompt_ids = p.ids if p.return_token_ids and not prompt_sent else None
+                prompt_sent = True
                 chunk = CompletionResponse(
                     id=p.rid,
                     model=self.model_name,
@@ -90,6 +104,8 @@ class OpenAIServingCompletion(OpenAIServing):
                             logprobs=logprobs,
                             finish_reason=c.finish_reason,
                             stop_reason=c.stop_reason,
+                            prompt_token_ids=prompt_ids,
+                            token_ids=ids,
                         )
                     ],
                 )
@@ -112,14 +128,17 @@ class OpenAIServingCompletion(OpenAIServing):
         token_ids: list[int],
         logprobs: list[dict[int, Logprob]],
         offset: int,
+        as_ids: bool = False,
     ) -> int:
         for tok, top in zip(token_ids, logprobs, strict=False):
             chosen = top.get(tok)
-            text = self.token_text(tok, chosen)
+            text = self.token_text(tok, chosen, as_ids)
             out.tokens.append(text)
             out.token_logprobs.append(chosen.logprob if chosen else None)
             ranked = sorted(top.items(), key=lambda kv: kv[1].rank or 0)
-            out.top_logprobs.append({self.token_text(t, lp): lp.logprob for t, lp in ranked})
+            out.top_logprobs.append(
+                {self.token_text(t, lp, as_ids): lp.logprob for t, lp in ranked}
+            )
             out.text_offset.append(offset)
             offset += len(text)
         return offset
