@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup conformance test lint bench conformance-vllm clean
+.PHONY: setup conformance test lint bench conformance-vllm conformance-vllm-server clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ bench: setup
 
 conformance-vllm: setup
 	$(VENV)/bin/tox -e conformance-vllm $(if $(ARGS),-- $(ARGS))
+
+# The same vLLM environment, as a server: `vllm serve` on loopback, checked through the http adapter.
+conformance-vllm-server: setup
+	$(VENV)/bin/tox -e conformance-vllm --notest
+	VLLM_CPU_KVCACHE_SPACE=1 PYTHONPATH=. .tox/conformance-vllm/bin/python -m conformance.serve vllm -p no:cacheprovider $(ARGS)
 
 clean:
 	rm -rf $(VENV) .tox .pytest_cache .hypothesis

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +29,9 @@ DEFAULTS: dict[str, Any] = {"dtype": "float32", "enforce_eager": True, "seed": 0
 
 class VllmAdapter(EngineAdapter):
     name = "vllm"
-    capabilities = Capabilities(batch_invariant=False, speculative_decoding=True)
+    capabilities = Capabilities(
+        batch_invariant=False, speculative_decoding=True, counts_aborts=True
+    )
     alias = AliasPair("vllm", "AsyncLLMEngine", "vllm.v1.engine.async_llm", "AsyncLLM")
 
     def __init__(self, config: EngineOptions):
@@ -97,6 +100,13 @@ class VllmAdapter(EngineAdapter):
             total_blocks=total,
         )
 
+    def aborted_count(self, engine: Any) -> int:
+        """What vLLM's stat loggers are told: the finished requests of each iteration."""
+        observer = self._observers.get(id(engine))
+        if observer is None:
+            raise NotImplementedError("aborts are observed on the online engine only")
+        return observer.finished("abort")
+
     def scheduler_class(self, engine: Any) -> str:
         if id(engine) in self._observers:  # the core is in another process: read its config
             cls = engine.vllm_config.scheduler_config.get_scheduler_cls()
@@ -132,19 +142,28 @@ def _scheduler(llm: Any) -> Any:
 
 
 class _SchedulerStatsObserver:
-    """Keeps the last ``SchedulerStats`` that an ``AsyncLLM`` reported."""
+    """Keeps the last ``SchedulerStats`` that an ``AsyncLLM`` reported, and counts its finished
+    requests by finish reason (what feeds ``vllm:request_success_total``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._latest: Any = None
+        self._finished: Counter[str] = Counter()
 
     def latest(self) -> Any:
         with self._lock:
             return self._latest
 
-    def _record(self, stats: Any) -> None:
+    def finished(self, reason: str) -> int:
         with self._lock:
-            self._latest = stats
+            return self._finished[reason]
+
+    def _record(self, stats: Any, iteration: Any) -> None:
+        with self._lock:
+            if stats is not None:
+                self._latest = stats
+            for request in getattr(iteration, "finished_requests", None) or []:
+                self._finished[str(request.finish_reason)] += 1
 
     def logger_class(self) -> type:
         from vllm.v1.metrics.loggers import StatLoggerBase
@@ -158,8 +177,7 @@ class _SchedulerStatsObserver:
             def record(
                 self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any
             ) -> None:
-                if scheduler_stats is not None:
-                    observer._record(scheduler_stats)
+                observer._record(scheduler_stats, iteration_stats)
 
             def log_engine_initialized(self) -> None:
                 pass
