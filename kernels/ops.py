@@ -14,6 +14,10 @@ and ignored by the reference:
   ``workspace = decode_workspace(max_batch, num_heads, head_dim, num_splits, "cuda")`` (a flat
   fp32 tensor of ``decode_workspace_numel(B, H, D, num_splits)`` elements or more) and ``out``.
   The kernel never syncs with the host and its grid is ``(B, num_kv_heads, num_splits)``.
+  Or pass ``plan``, a ``DecodePlan`` filled on the host for the step's context lengths and
+  copied to the device, with a workspace of ``plan_workspace_numel(plan.max_items, H, D)``:
+  the grid is then fixed by the plan's program count and the work is cut from the live
+  contexts into equal chunks (what the engine's decode graphs use).
 - ``paged_attention_prefill(..., max_query_len=None, out=None)``: pass the step's longest
   query run (the scheduler knows it) to avoid the one host sync that computes it.
 """
@@ -26,7 +30,12 @@ from types import ModuleType
 import torch
 
 from kernels import reference
-from kernels.decode_split import decode_workspace, decode_workspace_numel
+from kernels.decode_split import (
+    DecodePlan,
+    decode_workspace,
+    decode_workspace_numel,
+    plan_workspace_numel,
+)
 
 _triton: ModuleType | None = None
 _triton_failed = False
@@ -120,6 +129,7 @@ def paged_attention_decode(
     num_splits: int | None = None,
     workspace: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    plan: DecodePlan | None = None,
 ) -> torch.Tensor:
     backend = _backend(q)
     if backend is reference:
@@ -129,16 +139,18 @@ def paged_attention_decode(
         return result if out is None else out.copy_(result)
     return backend.paged_attention_decode(
         q, k_cache, v_cache, block_tables, seq_lens, scale,
-        num_splits=num_splits, workspace=workspace, out=out,
+        num_splits=num_splits, workspace=workspace, out=out, plan=plan,
     )  # fmt: skip
 
 
 __all__ = [
+    "DecodePlan",
     "decode_workspace",
     "decode_workspace_numel",
     "fused_add_rms_norm",
     "paged_attention_decode",
     "paged_attention_prefill",
+    "plan_workspace_numel",
     "rms_norm",
     "rotary_embedding",
     "silu_and_mul",

@@ -14,9 +14,52 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.decode_split import decode_workspace_numel, default_num_splits
+from kernels.decode_split import (
+    PLAN_UNIT,
+    DecodePlan,
+    decode_workspace_numel,
+    default_num_splits,
+    plan_workspace_numel,
+)
 
 _LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_range(
+    q, k_ptr, v_ptr, bt_row, kvh, start, end, scale_log2,
+    stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
+    BLOCK_G: tl.constexpr, PAGE: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Online softmax of one KV head's context tokens ``[start, end)`` for the query rows ``q``:
+    the unnormalized output, the running max and the running sum (all fp32, base 2)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    k_base = k_ptr + kvh * stride_k_h
+    v_base = v_ptr + kvh * stride_v_h
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        page = tl.load(bt_row + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+        tok = (offs_n % PAGE).to(tl.int64)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k_off = page[:, None] * stride_k_blk + tok[:, None] * stride_k_tok + offs_d[None, :]
+        v_off = page[:, None] * stride_v_blk + tok[:, None] * stride_v_tok + offs_d[None, :]
+        k = tl.load(k_base + k_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_base + v_off, mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        qk = tl.where(n_mask[None, :], qk * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -46,30 +89,11 @@ def _decode_split_kernel(
     q_off = b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptr + q_off, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
 
-    m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    bt_row = bt_ptr + b * stride_bt
-    k_base = k_ptr + kvh * stride_k_h
-    v_base = v_ptr + kvh * stride_v_h
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        page = tl.load(bt_row + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
-        tok = (offs_n % PAGE).to(tl.int64)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k_off = page[:, None] * stride_k_blk + tok[:, None] * stride_k_tok + offs_d[None, :]
-        v_off = page[:, None] * stride_v_blk + tok[:, None] * stride_v_tok + offs_d[None, :]
-        k = tl.load(k_base + k_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_base + v_off, mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        qk = tl.where(n_mask[None, :], qk * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+    acc, m_i, l_i = _attend_range(
+        q, k_ptr, v_ptr, bt_ptr + b * stride_bt, kvh, start, end, scale_log2,
+        stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
+        BLOCK_G, PAGE, BLOCK_D, HEAD_DIM, BLOCK_N, DOT_PRECISION,
+    )  # fmt: skip
 
     # An empty range (or an empty sequence) leaves l_i == 0: write zeros and a -inf weight.
     has = l_i > 0
@@ -113,6 +137,86 @@ def _decode_reduce_kernel(
              mask=d_mask)  # fmt: skip
 
 
+@triton.jit
+def _decode_planned_kernel(
+    q_ptr, k_ptr, v_ptr, part_o_ptr, part_lse_ptr, bt_ptr, plan_ptr, scale_log2,
+    stride_qb, stride_qh,
+    stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, stride_bt,
+    num_heads, o_item_seq, o_item_u0, o_item_u1, seq_lens_ptr,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, UNIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Program ``(p, kvh)`` runs the items of chunk ``p`` of a ``DecodePlan``: each item is a
+    range of one sequence's context; its partial result goes to row ``item`` of the workspace."""
+    p = tl.program_id(0)
+    kvh = tl.program_id(1)
+    first = tl.load(plan_ptr + p)
+    last = tl.load(plan_ptr + p + 1)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kvh * GROUP + offs_g
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    for item in range(first, last):
+        b = tl.load(plan_ptr + o_item_seq + item).to(tl.int64)
+        seq_len = tl.load(seq_lens_ptr + b)
+        start = tl.load(plan_ptr + o_item_u0 + item) * UNIT
+        end = tl.minimum(tl.load(plan_ptr + o_item_u1 + item) * UNIT, seq_len)
+        q_off = b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptr + q_off, mask=out_mask, other=0.0)
+        acc, m_i, l_i = _attend_range(
+            q, k_ptr, v_ptr, bt_ptr + b * stride_bt, kvh, start, end, scale_log2,
+            stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
+            BLOCK_G, PAGE, BLOCK_D, HEAD_DIM, BLOCK_N, DOT_PRECISION,
+        )  # fmt: skip
+        has = l_i > 0
+        out = acc / tl.where(has, l_i, 1.0)[:, None]
+        row = item * num_heads + heads  # part_o [M, H, D], part_lse [M, H]
+        tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + row, lse, mask=g_mask)
+
+
+@triton.jit
+def _decode_planned_reduce_kernel(
+    o_ptr, part_o_ptr, part_lse_ptr, plan_ptr, o_seq_start, stride_ob, stride_oh, num_heads,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    """Merges sequence ``b``'s items (rows ``seq_start[b]..seq_start[b + 1]``) for head ``h``;
+    a sequence without items (empty, or a padding row) gets zeros."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    first = tl.load(plan_ptr + o_seq_start + b)
+    last = tl.load(plan_ptr + o_seq_start + b + 1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    m = tl.full([1], -1.0e30, dtype=tl.float32)
+    denom = tl.zeros([1], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for i0 in range(first, last, BLOCK_S):
+        items = i0 + offs_s
+        s_mask = items < last
+        row = items * num_heads + h
+        lse = tl.load(part_lse_ptr + row, mask=s_mask, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(lse, axis=0))
+        alpha = tl.exp2(m - m_new)
+        w = tl.exp2(lse - m_new)
+        parts = tl.load(
+            part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=s_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        acc = acc * alpha + tl.sum(parts * w[:, None], axis=0)
+        denom = denom * alpha + tl.sum(w, axis=0)
+        m = m_new
+    out = acc / tl.where(denom > 0, denom, 1.0)
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty),
+             mask=d_mask)  # fmt: skip
+
+
 def _decode_config(q: torch.Tensor) -> dict[str, int]:
     if not q.is_cuda:
         return {"block_n": 16, "num_warps": 4, "num_stages": 1}
@@ -131,6 +235,7 @@ def paged_attention_decode(
     workspace: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     config: dict[str, int] | None = None,
+    plan: DecodePlan | None = None,
 ) -> torch.Tensor:
     """Triton twin of ``reference.paged_attention_decode`` (``q [B, H, D]``).
 
@@ -140,6 +245,11 @@ def paged_attention_decode(
     ``decode_workspace``); allocated per call when omitted. ``out``: a preallocated output.
     With all three given the call allocates nothing and never syncs (CUDA-graph capturable).
     A sequence of length 0 gets zeros.
+
+    ``plan``: a ``DecodePlan`` filled for these ``seq_lens`` and copied to the device (its
+    ``device`` buffer): the grid is then ``(plan.num_programs, num_kv_heads)`` whatever the
+    contexts, and the work follows the plan; ``workspace`` must then hold
+    ``plan_workspace_numel(plan.max_items, H, D)`` elements and ``num_splits`` is ignored.
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -148,6 +258,9 @@ def paged_attention_decode(
     if batch == 0:
         return out
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    if plan is not None:
+        return _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace, out,
+                        {**_decode_config(q), **(config or {})})  # fmt: skip
     if num_splits is None:
         num_splits = default_num_splits(
             batch, num_kv_heads, block_tables.shape[1] * page, q.device
@@ -178,4 +291,35 @@ def paged_attention_decode(
             HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits,
             BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4,
         )  # fmt: skip
+    return out
+
+
+def _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace, out, cfg):
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
+    assert batch <= plan.max_batch and PLAN_UNIT % cfg["block_n"] == 0
+    numel = plan_workspace_numel(plan.max_items, num_heads, head_dim)
+    if workspace is None:
+        workspace = torch.empty(numel, dtype=torch.float32, device=q.device)
+    assert workspace.dtype == torch.float32 and workspace.numel() >= numel
+    part_lse = workspace[: plan.max_items * num_heads]
+    part_o = workspace[plan.max_items * num_heads : numel]
+    _, o_seq, o_b, o_u0, o_u1 = plan.offsets()
+    group = num_heads // num_kv_heads
+    block_d = max(triton.next_power_of_2(head_dim), 16)
+    _decode_planned_kernel[(plan.num_programs, num_kv_heads)](
+        q, k_cache, v_cache, part_o, part_lse, block_tables, plan.device, scale * _LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        num_heads, o_b, o_u0, o_u1, seq_lens,
+        GROUP=group, BLOCK_G=max(triton.next_power_of_2(group), 16), PAGE=page,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=cfg["block_n"], UNIT=PLAN_UNIT,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    _decode_planned_reduce_kernel[(batch, num_heads)](
+        out, part_o, part_lse, plan.device, o_seq, out.stride(0), out.stride(1), num_heads,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=16, num_warps=4,
+    )  # fmt: skip
     return out

@@ -131,3 +131,33 @@ def test_decode_cuda_graph_replay(tops, dtype, device):
         graph.replay()
         ref = reference.paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.1)
         assert_close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("num_programs", [1, 3, 64])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (8, 1)])
+def test_decode_planned(tops, dtype, device, num_programs, heads, kv_heads):
+    """A plan cuts the live contexts into equal chunks; padding rows past the batch get zeros."""
+    from kernels.decode_split import DecodePlan, plan_workspace_numel
+
+    lens_list = DECODE_LENS + [300, 129, 128]
+    head_dim = 64
+    k_cache, v_cache, tables = paged_kv_cache(lens_list, kv_heads, head_dim, 16, dtype, device)
+    plan = DecodePlan(len(lens_list) + 2, num_programs, device)
+    workspace = torch.empty(plan_workspace_numel(plan.max_items, heads, head_dim), device=device)
+    for lens_now in (lens_list, [1] * len(lens_list), [n // 3 for n in lens_list]):
+        lens = torch.tensor(lens_now + [1, 1], dtype=torch.int32, device=device)
+        plan.fill(lens_now)  # two padding rows, not in the plan
+        plan.device.copy_(plan.host)
+        tab = torch.cat([tables, tables[:2]])
+        q = torch.randn(len(lens_now) + 2, heads, head_dim, dtype=dtype, device=device)
+        out = torch.full_like(q, float("nan"))
+        tops.paged_attention_decode(
+            q, k_cache, v_cache, tab, lens, head_dim**-0.5, out=out, plan=plan,
+            workspace=workspace,
+        )  # fmt: skip
+        n = len(lens_now)
+        ref = reference.paged_attention_decode(
+            q[:n], k_cache, v_cache, tables, lens[:n], head_dim**-0.5
+        )
+        assert_close(out[:n], ref, dtype)
+        assert torch.equal(out[n:], torch.zeros_like(out[n:]))
