@@ -15,44 +15,73 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attend_tile(
-    q, acc, m_i, l_i, n0, k_ptr, v_ptr, bt_row_ptr,
-    stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
-    q_pos, kv_limit, offs_d, d_mask, scale_log2,
-    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+def _slot(offs_t, offs_n, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Each row's slot in its page; loop-invariant when tiles start on page boundaries."""
+    if BLOCK_N % PAGE == 0:
+        return offs_t % PAGE
+    else:
+        return offs_n % PAGE
+
+
+@triton.jit
+def _load_tile(
+    ptr, page, tok, offs_n, kv_limit, offs_d, d_mask, stride_blk, stride_tok,
+    MASKED: tl.constexpr, EVEN_D: tl.constexpr,
 ):  # fmt: skip
-    offs_n = tl.multiple_of(n0, BLOCK_N) + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < kv_limit
-    kv_mask = n_mask[:, None] & d_mask[None, :]
-    # A tile of BLOCK_N tokens spans BLOCK_N / PAGE pages: gather each row's page from the table.
-    if MASKED:
-        page = tl.load(bt_row_ptr + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
-    else:
-        page = tl.load(bt_row_ptr + offs_n // PAGE).to(tl.int64)
-    tok = (offs_n % PAGE).to(tl.int64)
-    k_off = page[:, None] * stride_k_blk + tok[:, None] * stride_k_tok + offs_d[None, :]
-    v_off = page[:, None] * stride_v_blk + tok[:, None] * stride_v_tok + offs_d[None, :]
+    """A ``[BLOCK_N, BLOCK_D]`` K or V tile: row i is slot ``tok[i]`` of page ``page[i]``."""
+    off = page.to(tl.int64)[:, None] * stride_blk + (tok * stride_tok)[:, None] + offs_d[None, :]
     if MASKED or not EVEN_D:
-        k = tl.load(k_ptr + k_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + v_off, mask=kv_mask, other=0.0)
+        return tl.load(ptr + off, mask=(offs_n < kv_limit)[:, None] & d_mask[None, :], other=0.0)
     else:
-        k = tl.load(k_ptr + k_off)
-        v = tl.load(v_ptr + v_off)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-    if MASKED:
-        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        qk = tl.where(visible, qk * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        p = tl.exp2(qk - m_new[:, None])
-    else:
-        # scale_log2 > 0, so the row max commutes with the scaling (one fused multiply-add).
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale_log2)
-        p = tl.exp2(qk * scale_log2 - m_new[:, None])
+        return tl.load(ptr + off)
+
+
+@triton.jit
+def _softmax_pv(
+    qk, acc, m_i, l_i, v, offs_n, q_pos, kv_limit, on_diag, scale_log2,
+    MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Online-softmax update with the scores ``qk`` of one tile and its values ``v``.
+
+    ``MASK``: 0 no mask (the tile is below the diagonal), 1 causal mask, 2 causal mask where
+    ``on_diag`` (known only at run time, uniform across the program)."""
+    if MASK != 0:  # noqa: SIM102 (MASK is a compile-time constant, on_diag is not)
+        if on_diag:
+            visible = (offs_n[None, :] <= q_pos[:, None]) & (offs_n < kv_limit)[None, :]
+            qk = tl.where(visible, qk, float("-inf"))
+    # Every row sees key 0 in its first tile and m_i starts finite, so a row masked out of a
+    # tile gets p = 0 and alpha = 1, never NaN. scale_log2 > 0, so the row max commutes with the
+    # scaling (one fused multiply-add per score).
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale_log2)
+    p = tl.exp2(qk * scale_log2 - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _attend_tile(
+    q, acc, m_i, l_i, offs_n, tok, page, on_diag, k_ptr, v_ptr,
+    stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
+    q_pos, kv_limit, offs_d, d_mask, scale_log2,
+    MASK: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One K/V tile: ``page`` holds each row's page (read from the block table one tile ahead
+    by the caller), ``tok`` each row's slot in its page."""
+    k = _load_tile(k_ptr, page, tok, offs_n, kv_limit, offs_d, d_mask,
+                   stride_k_blk, stride_k_tok, MASK != 0, EVEN_D)  # fmt: skip
+    v = _load_tile(v_ptr, page, tok, offs_n, kv_limit, offs_d, d_mask,
+                   stride_v_blk, stride_v_tok, MASK != 0, EVEN_D)  # fmt: skip
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    return _softmax_pv(qk, acc, m_i, l_i, v, offs_n, q_pos, kv_limit, on_diag, scale_log2,
+                       MASK, DOT_PRECISION)  # fmt: skip
+
+
+@triton.jit
+def _pages(bt_row_ptr, offs_n, kv_end, PAGE: tl.constexpr):
+    """Each row's page for the tile at ``offs_n``; rows at or past ``kv_end`` read no entry."""
+    return tl.load(bt_row_ptr + offs_n // PAGE, mask=offs_n < kv_end, other=0)
 
 
 @triton.jit
@@ -63,8 +92,11 @@ def _prefill_kernel(
     num_heads,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    LOOP: tl.constexpr,
 ):  # fmt: skip
-    # Longest-first: the last query tiles of a causal sequence see the most keys.
+    # Longest-first: the last query tiles of a causal sequence see the most keys. Axis 1 walks
+    # (sequence, head) with the query tiles of one head adjacent, so that the programs running
+    # together share their K/V in L2.
     m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     b = tl.program_id(1) // num_heads
     h = tl.program_id(1) % num_heads
@@ -94,32 +126,78 @@ def _prefill_kernel(
     # Keys [0, ctx + m0] are visible to every row of the tile: whole tiles there need no mask.
     full_end = (ctx + m0 + 1) // BLOCK_N * BLOCK_N
     kv_end = tl.minimum(seq_len, ctx + m0 + BLOCK_M)
-    for n0 in range(0, full_end, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, n0, k_base, v_base, bt_row,
-            stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
-            q_pos, seq_len, offs_d, d_mask, scale_log2,
-            PAGE, BLOCK_N, False, HEAD_DIM == BLOCK_D, DOT_PRECISION,
-        )  # fmt: skip
-    for n0 in range(full_end, kv_end, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, n0, k_base, v_base, bt_row,
-            stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
-            q_pos, seq_len, offs_d, d_mask, scale_log2,
-            PAGE, BLOCK_N, True, HEAD_DIM == BLOCK_D, DOT_PRECISION,
-        )  # fmt: skip
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    offs_t = tl.arange(0, BLOCK_N)
+    # The block-table entries of a tile are read one tile ahead, so that its K/V loads depend on
+    # no load of the same iteration and the compiler prefetches them num_stages - 1 tiles ahead
+    # (a table read in the same iteration costs the software pipeline one stage).
+    page = _pages(bt_row, offs_t, kv_end, PAGE)
+    if LOOP == 1:
+        # One pipelined loop; the mask is applied on the diagonal tiles only (a uniform branch).
+        for n0 in range(0, kv_end, BLOCK_N):
+            offs_n = tl.multiple_of(n0, BLOCK_N) + offs_t
+            page_next = _pages(bt_row, offs_n + BLOCK_N, kv_end, PAGE)
+            acc, m_i, l_i = _attend_tile(
+                q, acc, m_i, l_i, offs_n, _slot(offs_t, offs_n, PAGE, BLOCK_N), page,
+                n0 >= full_end, k_base, v_base,
+                stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
+                q_pos, kv_end, offs_d, d_mask, scale_log2, 2, EVEN_D, DOT_PRECISION,
+            )  # fmt: skip
+            page = page_next
+    else:
+        # An unmasked loop below the diagonal, then a masked loop over the diagonal tiles.
+        for n0 in range(0, full_end, BLOCK_N):
+            offs_n = tl.multiple_of(n0, BLOCK_N) + offs_t
+            page_next = _pages(bt_row, offs_n + BLOCK_N, kv_end, PAGE)
+            acc, m_i, l_i = _attend_tile(
+                q, acc, m_i, l_i, offs_n, _slot(offs_t, offs_n, PAGE, BLOCK_N), page,
+                False, k_base, v_base,
+                stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
+                q_pos, kv_end, offs_d, d_mask, scale_log2, 0, EVEN_D, DOT_PRECISION,
+            )  # fmt: skip
+            page = page_next
+        for n0 in range(full_end, kv_end, BLOCK_N):
+            offs_n = tl.multiple_of(n0, BLOCK_N) + offs_t
+            page_next = _pages(bt_row, offs_n + BLOCK_N, kv_end, PAGE)
+            acc, m_i, l_i = _attend_tile(
+                q, acc, m_i, l_i, offs_n, _slot(offs_t, offs_n, PAGE, BLOCK_N), page,
+                True, k_base, v_base,
+                stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
+                q_pos, kv_end, offs_d, d_mask, scale_log2, 1, EVEN_D, DOT_PRECISION,
+            )  # fmt: skip
+            page = page_next
     out = acc / l_i[:, None]
     o_off = rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
     tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
+def _cfg(block_m: int, block_n: int, num_warps: int, num_stages: int, loop: int = 0) -> dict:
+    return {"block_m": block_m, "block_n": block_n, "num_warps": num_warps,
+            "num_stages": num_stages, "loop": loop}  # fmt: skip
+
+
+# The configuration used on CUDA, per head dim (<= 64, else), and the candidates the benchmark's
+# sweep times and the CUDA tests check (tile shapes that fit an H100 / H200 without spills).
+CUDA_CONFIGS = {64: _cfg(128, 64, 4, 3), 128: _cfg(128, 64, 8, 3)}
+CANDIDATE_CONFIGS = {
+    64: [_cfg(128, 64, 4, 3), _cfg(128, 64, 4, 3, 1), _cfg(128, 64, 8, 3), _cfg(128, 128, 8, 3),
+         _cfg(128, 32, 4, 4), _cfg(64, 64, 4, 3)],
+    128: [_cfg(128, 64, 8, 3), _cfg(128, 64, 8, 3, 1), _cfg(128, 64, 8, 4), _cfg(128, 64, 8, 4, 1),
+          _cfg(128, 128, 8, 3), _cfg(128, 128, 8, 3, 1), _cfg(128, 128, 8, 2),
+          _cfg(64, 64, 4, 2), _cfg(64, 64, 4, 3)],
+}  # fmt: skip
+
+
 def default_config(q: torch.Tensor) -> dict[str, int]:
-    """Tile shape and launch parameters for a query of this dtype / head dim / device."""
+    """Tile shape and launch parameters for a query of this dtype / head dim / device.
+
+    ``loop``: 0 walks the K/V tiles below the diagonal in an unmasked loop, then the diagonal
+    tiles in a masked one; 1 walks all in one loop, masking the diagonal tiles behind a uniform
+    branch (one software pipeline instead of two).
+    """
     if not q.is_cuda:
-        return {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1}
-    if q.shape[-1] <= 64:
-        return {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 3}
-    return {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3}
+        return _cfg(16, 16, 4, 1)
+    return dict(CUDA_CONFIGS[64 if q.shape[-1] <= 64 else 128])
 
 
 def paged_attention_prefill(
@@ -164,6 +242,7 @@ def paged_attention_prefill(
         BLOCK_D=max(triton.next_power_of_2(head_dim), 16),
         BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        LOOP=cfg["loop"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     return out
