@@ -6,6 +6,10 @@ For every fixture model: greedy outputs on CUDA in fp32 (Triton kernels, CUDA gr
 the CPU path's token for token; in bf16 they are compared with HF transformers' bf16 on the GPU,
 identical up to near-ties (at the first difference each side's token is in the other's top-2), the
 rule vLLM's own tests use. Exits non-zero on any real mismatch.
+
+To tell bf16 rounding from a bug, both bf16 runs are also compared, by the same rule, with HF's
+fp32 run on the GPU: if HF's own bf16 departs from its fp32 about as often as the engine's bf16
+does, the engine's bf16 differences are rounding.
 """
 
 from __future__ import annotations
@@ -41,11 +45,13 @@ def engine_outputs(name: str, device: str, dtype: str):
     return outs
 
 
-def hf_outputs(name: str, prompt_ids: list[list[int]]):
-    model = AutoModelForCausalLM.from_pretrained(model_path(name), dtype=torch.bfloat16).cuda()
+def hf_outputs(
+    name: str, prompt_ids: list[list[int]], dtype: torch.dtype = torch.bfloat16, device="cuda"
+):
+    model = AutoModelForCausalLM.from_pretrained(model_path(name), dtype=dtype).to(device)
     results = []
     for ids in prompt_ids:
-        x = torch.tensor([ids], device="cuda")
+        x = torch.tensor([ids], device=device)
         with torch.inference_mode():
             out = model.generate(
                 x,
@@ -78,26 +84,45 @@ def near_tie(ours, theirs_tokens, theirs_logprobs) -> str:
     return f"MISMATCH@{i}"
 
 
+def near_tie_hf(tokens, logprobs, ref_tokens, ref_logprobs) -> str:
+    """The same rule between two HF runs (top-2 from each side's full logprobs)."""
+    if tokens == ref_tokens:
+        return "equal"
+    i = next(j for j, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b)
+    if ref_tokens[i] in logprobs[i].topk(2).indices.tolist() and tokens[i] in (
+        ref_logprobs[i].topk(2).indices.tolist()
+    ):
+        gap = float(ref_logprobs[i][ref_tokens[i]] - ref_logprobs[i][tokens[i]])
+        return f"near-tie@{i}(gap {gap:.2f})"
+    return f"MISMATCH@{i}"
+
+
+def summary(verdicts: list[str]) -> str:
+    bad = [v for v in verdicts if v.startswith("MISMATCH")]
+    ties = sum(v.startswith("near-tie") for v in verdicts)
+    return f"{verdicts.count('equal')} equal, {ties} near-tie, {len(bad)} mismatch {bad}"
+
+
 def main() -> int:
     failures = 0
-    print("| model | CUDA fp32 == CPU fp32 | CUDA bf16 vs HF bf16 (GPU) |")
-    print("|---|---|---|")
+    print("| model | CUDA fp32 == CPU fp32 | CUDA bf16 vs HF bf16 (GPU) | HF bf16 vs HF fp32 | "
+          "CUDA bf16 vs HF fp32 |")  # fmt: skip
+    print("|---|---|---|---|---|")
     for name in ALL_MODELS:
         cpu = engine_outputs(name, "cpu", "float32")
         gpu32 = engine_outputs(name, "cuda", "float32")
         same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(cpu, gpu32))
         gpu16 = engine_outputs(name, "cuda", "bfloat16")
-        hf = hf_outputs(name, [o.prompt_token_ids for o in gpu16])
+        ids = [o.prompt_token_ids for o in gpu16]
+        hf = hf_outputs(name, ids)
+        hf32 = hf_outputs(name, ids, torch.float32)
         verdicts = [near_tie(o, t, lp) for o, (t, lp) in zip(gpu16, hf)]
-        equal = verdicts.count("equal")
-        ties = sum(v.startswith("near-tie") for v in verdicts)
+        hf_vs_32 = [near_tie_hf(t, lp, t32, lp32) for (t, lp), (t32, lp32) in zip(hf, hf32)]
+        ours_vs_32 = [near_tie(o, t32, lp32) for o, (t32, lp32) in zip(gpu16, hf32)]
         bad = [v for v in verdicts if v.startswith("MISMATCH")]
         failures += (same != len(cpu)) + len(bad)
-        print(
-            f"| {name} | {same}/{len(cpu)} | {equal} equal, {ties} near-tie, "
-            f"{len(bad)} mismatch {bad} |",
-            flush=True,
-        )
+        print(f"| {name} | {same}/{len(cpu)} | {summary(verdicts)} | {summary(hf_vs_32)} | "
+              f"{summary(ours_vs_32)} |", flush=True)  # fmt: skip
     return 1 if failures else 0
 
 
