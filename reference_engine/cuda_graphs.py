@@ -4,14 +4,24 @@ A decode step of a small model is a few hundred short kernels; launching them on
 Python costs more than running them. Each graph is captured once over static input buffers;
 a step copies its inputs into the buffers' first rows, pads the rest (slot -1: no cache write;
 context length 1: a cheap dummy read) and replays the smallest graph that fits.
+
+The decode attention runs on a ``DecodePlan``: a fixed grid whose work is cut on the host, each
+step, from the live context lengths (see ``kernels/decode_split.py``), so a graph captured once
+serves short and long contexts alike at full width.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from kernels.decode_split import DecodePlan, default_plan_programs, plan_workspace_numel
 from reference_engine.models import CausalLM, ForwardContext
 
+# REFERENCE_ENGINE_DECODE_PLAN=1: decode attention on a DecodePlan (off by default until it is
+# checked in the engine on CUDA); otherwise the split decode sized from the table capacity.
+USE_PLAN = os.environ.get("REFERENCE_ENGINE_DECODE_PLAN", "0") == "1"
 LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
 
@@ -24,6 +34,7 @@ class DecodeGraphs:
         max_blocks_per_seq: int,
     ):
         dev = model.embed_tokens.weight.device
+        cfg = model.config
         self.sizes = sorted({b for b in LADDER if b < max_batch} | {max_batch})
         self.input_ids = torch.zeros(max_batch, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(max_batch, dtype=torch.int64, device=dev)
@@ -33,6 +44,14 @@ class DecodeGraphs:
         )
         self.seq_lens = torch.ones(max_batch, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=dev)
+        self.plan = DecodePlan(max_batch, default_plan_programs(cfg.num_kv_heads, dev), dev)
+        self.plan.fill([1] * max_batch)
+        self.plan.device.copy_(self.plan.host)
+        self.workspace = torch.empty(
+            plan_workspace_numel(self.plan.max_items, cfg.num_heads, cfg.head_dim),
+            dtype=torch.float32,
+            device=dev,
+        )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         pool = None
@@ -56,6 +75,8 @@ class DecodeGraphs:
             seq_lens=self.seq_lens[:b],
             query_start_loc=self.query_start_loc[: b + 1],
             is_decode=True,
+            decode_plan=self.plan if USE_PLAN else None,
+            decode_workspace=self.workspace if USE_PLAN else None,
         )
 
     def fits(self, batch: int, table_width: int) -> bool:
@@ -63,20 +84,27 @@ class DecodeGraphs:
 
     def run(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None,
         positions: torch.Tensor,
         slot_mapping: torch.Tensor,
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
+        plan: torch.Tensor,
     ) -> torch.Tensor:
-        n = input_ids.shape[0]
+        """Copies a step's inputs (host tensors in pinned memory, or device tensors; the copies
+        do not sync) and replays. ``plan``: the step's ``DecodePlan`` buffer, filled on the host
+        for ``seq_lens``. ``input_ids`` None: the caller has written ``self.input_ids[:n]``."""
+        n = positions.shape[0]
         b = next(s for s in self.sizes if s >= n)
-        self.input_ids[:n].copy_(input_ids)
-        self.positions[:n].copy_(positions)
-        self.slot_mapping[:n].copy_(slot_mapping)
-        self.slot_mapping[n:b].fill_(-1)
-        self.seq_lens[:n].copy_(seq_lens)
-        self.seq_lens[n:b].fill_(1)
-        self.block_tables[:n, : block_tables.shape[1]].copy_(block_tables)
+        if input_ids is not None:
+            self.input_ids[:n].copy_(input_ids, non_blocking=True)
+        self.positions[:n].copy_(positions, non_blocking=True)
+        self.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)
+        self.seq_lens[:n].copy_(seq_lens, non_blocking=True)
+        if b > n:
+            self.slot_mapping[n:b].fill_(-1)
+            self.seq_lens[n:b].fill_(1)
+        self.block_tables[:n, : block_tables.shape[1]].copy_(block_tables, non_blocking=True)
+        self.plan.device.copy_(plan, non_blocking=True)
         self.graphs[b].replay()
         return self.outputs[b][:n]

@@ -4,20 +4,22 @@ tokens into ``RequestOutput``s. ``LLM`` and ``AsyncLLM`` both drive an instance 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from reference_engine.block_manager import KVCacheManager
 from reference_engine.config import EngineArgs, EngineConfig
 from reference_engine.detokenizer import IncrementalDetokenizer
-from reference_engine.model_runner import ModelRunner
+from reference_engine.model_runner import ModelRunner, StepHandle
 from reference_engine.outputs import CompletionOutput, RequestOutput
 from reference_engine.request import Request
 from reference_engine.sampling_params import RequestOutputKind, SamplingParams
-from reference_engine.scheduler import Scheduler
+from reference_engine.scheduler import Scheduler, SchedulerOutput
 from reference_engine.stats import EngineStats, KVCacheStats
 
 PromptType = str | Mapping[str, Any]
@@ -48,6 +50,11 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.kv_cache)
         self.streams: dict[str, _Stream] = {}
         self.stats = EngineStats()
+        # One step may be in flight between calls of ``step`` (see there).
+        self._pending: tuple[SchedulerOutput, StepHandle] | None = None
+        # REFERENCE_ENGINE_ASYNC_SCHEDULING=1 turns the overlap on (CPU too, for tests); off by
+        # default until it is measured and checked on CUDA (docs/performance.md, issue 8).
+        self._overlap = os.environ.get("REFERENCE_ENGINE_ASYNC_SCHEDULING", "0") == "1"
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -157,13 +164,35 @@ class LLMEngine:
     # --- the step ------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        sched = self.scheduler.schedule()
-        if sched.is_empty:
-            return []
-        sampled = self.model_runner.execute(sched)
+        """Runs one step and returns its outputs.
+
+        On CUDA a pure-decode step can be overlapped with the host work around it: when every
+        request of the step in flight samples greedily and nothing waits for admission, the
+        next step is launched from the in-flight step's tokens, still on the GPU, before they
+        are read back here (``_chain``). The scheduler would have scheduled the same requests
+        (each running request takes its one decode token), so outputs do not change; a request
+        that then stops at the in-flight step (EOS, stop token, abort) has its extra token
+        discarded. Any other step runs as scheduled.
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            sched = self.scheduler.schedule()
+            if sched.is_empty:
+                return []
+            if not self._overlap:
+                return self._process(sched, self.model_runner.execute(sched))
+            pending = (sched, self.model_runner.launch(sched))
+        sched, handle = pending
+        self._pending = self._chain(sched, handle)
+        return self._process(sched, self.model_runner.collect(handle))
+
+    def _process(self, sched: SchedulerOutput, sampled: dict) -> list[RequestOutput]:
+        """Appends a step's sampled tokens, checks stops, frees what finished."""
         self.stats.num_steps += 1
         outputs = []
         for req in sched.requests:
+            if req.is_finished:  # aborted, or stopped at the step before this chained one
+                continue
             n = sched.num_scheduled_tokens[req.request_id]
             result = sampled.get(req.request_id)
             if result is None:  # a prompt chunk that did not reach the end: nothing to sample
@@ -189,6 +218,40 @@ class LLMEngine:
             if req.is_finished:
                 self.streams.pop(req.request_id, None)
         return outputs
+
+    def _chain(self, sched, handle) -> tuple[SchedulerOutput, StepHandle] | None:
+        """Launches the decode step that follows the in-flight one, or returns None when the
+        scheduler must decide the next step (waiting requests to admit, a prompt still in
+        chunks, non-greedy sampling, no free block, drafts)."""
+        runner, scheduler = self.model_runner, self.scheduler
+        if handle.token_ids is None or scheduler.proposer is not None:
+            return None
+        if scheduler.waiting and len(scheduler.running) < scheduler.max_num_seqs:
+            return None
+        reqs, positions, tables = [], [], []
+        max_len = self.max_model_len
+        for req in sched.requests:
+            if req.is_finished:
+                continue
+            if req.request_id not in handle.rows:  # a prompt chunk: the scheduler goes on
+                return None
+            if req.num_output_tokens + 1 >= req.max_tokens or req.num_tokens + 1 >= max_len:
+                continue  # stops at the in-flight step for sure
+            if not runner.greedy_only(req, tokens_ahead=1):
+                return None
+            pos = req.num_computed_tokens + sched.num_scheduled_tokens[req.request_id]
+            if not self.kv_cache.allocate_slots(req, pos + 1 - req.num_computed_tokens):
+                return None  # the scheduler preempts
+            reqs.append(req)
+            positions.append(pos)
+            tables.append(self.kv_cache.blocks_of(req.request_id))
+        if not reqs:
+            return None
+        nxt = SchedulerOutput(
+            requests=reqs, num_scheduled_tokens=dict.fromkeys(
+                (r.request_id for r in reqs), 1))  # fmt: skip
+        pos = np.asarray(positions, dtype=np.int64)
+        return nxt, runner.launch_chained(handle, reqs, pos, tables)
 
     def _append_tokens(self, req: Request, result) -> tuple[list[int], tuple | None]:
         p, new_tokens, finish = req.params, [], None

@@ -1,7 +1,17 @@
 """Runs one scheduled step on the model: lays the step's tokens out flat, writes their K/V into
-the paged cache, computes logits only where a token is sampled, and samples."""
+the paged cache, computes logits only where a token is sampled, and samples.
+
+A step is launched (``launch``) and its sampled tokens read later (``collect``): between the
+two the host is free. When every sampled request of a step is greedy without logprobs, the
+tokens stay on the device (``argmax`` of the logits, the sampler's greedy rule), their copy to
+pinned host memory is queued behind the step, and a following pure-decode step can be launched
+from them before they are read (``launch_chained``: its input ids are gathered on the device).
+Otherwise the step samples with the full ``Sampler`` at launch, which waits for the GPU.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -9,8 +19,42 @@ import torch
 from reference_engine.config import EngineConfig
 from reference_engine.cuda_graphs import DecodeGraphs
 from reference_engine.models import ForwardContext, load_model
+from reference_engine.request import Request
 from reference_engine.sampler import SampledTokens, Sampler
 from reference_engine.scheduler import SchedulerOutput
+
+
+@dataclass
+class StepHandle:
+    """A launched step. ``requests`` are the sampled requests in row order; either ``results``
+    is known already (full sampler) or ``token_ids`` is on the device, copied to ``host``."""
+
+    requests: list[Request]
+    results: dict[str, SampledTokens] | None = None
+    token_ids: torch.Tensor | None = None
+    host: torch.Tensor | None = None
+    event: torch.cuda.Event | None = None
+    rows: dict[str, int] = field(default_factory=dict)
+
+
+class _PinnedRing:
+    """A few reusable pinned host buffers; one is reused only after the GPU work that read
+    from (or wrote into) it last time has completed."""
+
+    def __init__(self, make, size: int = 3):
+        self.bufs = [make() for _ in range(size)]
+        self.events: list[torch.cuda.Event | None] = [None] * size
+        self.i = 0
+
+    def take(self):
+        self.i = (self.i + 1) % len(self.bufs)
+        ev = self.events[self.i]
+        if ev is not None:
+            ev.synchronize()
+        return self.i, self.bufs[self.i]
+
+    def done(self, i: int, event: torch.cuda.Event) -> None:
+        self.events[i] = event
 
 
 class ModelRunner:
@@ -36,9 +80,24 @@ class ModelRunner:
         ]
         self.sampler = Sampler(config.seed, self.device)
         self.graphs = None
-        if self.device.type == "cuda" and not config.enforce_eager:
-            max_blocks = -(-config.max_model_len // self.block_size)
-            self.graphs = DecodeGraphs(self.model, self.kv_caches, config.max_num_seqs, max_blocks)
+        self.max_blocks = -(-config.max_model_len // self.block_size)
+        self._np_blocks: dict[str, tuple[int, int, np.ndarray]] = {}
+        if self.device.type == "cuda":
+            b, w = config.max_num_seqs, self.max_blocks
+            plan_numel = 0
+            if not config.enforce_eager:
+                self.graphs = DecodeGraphs(self.model, self.kv_caches, b, w)
+                plan_numel = self.graphs.plan.numel
+            # Per decode step: ids, positions, slots (int64); seq_lens, table, plan (int32).
+            self._stage = _PinnedRing(
+                lambda: (
+                    torch.empty(3 * b, dtype=torch.int64, pin_memory=True),
+                    torch.empty(b + b * w + plan_numel, dtype=torch.int32, pin_memory=True),
+                )
+            )
+            self._tokens = _PinnedRing(
+                lambda: torch.empty(b * 8, dtype=torch.int64, pin_memory=True)
+            )
 
     def _bytes_per_block(self) -> int:
         m = self.config.model
@@ -58,9 +117,26 @@ class ModelRunner:
             budget = self.config.kv_cache_memory_gb * (1 << 30)
         return max(int(budget // self._bytes_per_block()), 1)
 
-    @torch.inference_mode()
+    # --- the step ------------------------------------------------------------------------------
+
     def execute(self, sched: SchedulerOutput) -> dict[str, SampledTokens]:
         """Returns the sampled tokens of every request that reached the end of its known tokens."""
+        return self.collect(self.launch(sched))
+
+    @staticmethod
+    def greedy_only(req: Request, tokens_ahead: int = 0) -> bool:
+        """True when ``req``'s next token is the plain argmax of its logits (what the fast path
+        computes); ``tokens_ahead``: tokens sampled but not yet appended to ``req``."""
+        p = req.params
+        return (
+            p.greedy
+            and p.logprobs is None
+            and not req.spec_token_ids
+            and req.num_output_tokens + tokens_ahead >= p.min_tokens
+        )
+
+    @torch.inference_mode()
+    def launch(self, sched: SchedulerOutput) -> StepHandle:
         input_ids, positions, slots = [], [], []
         query_start_loc, seq_lens, tables = [0], [], []
         logits_rows, sampled_reqs = [], []
@@ -82,38 +158,150 @@ class ModelRunner:
                 logits_rows.extend(range(first, query_start_loc[-1]))
                 sampled_reqs.append(req)
         width = max(len(t) for t in tables)
-        table = np.zeros((len(tables), width), dtype=np.int32)
-        for row, t in zip(table, tables):
-            row[: len(t)] = t  # numpy converts a list slice in C: far faster than nested lists
         is_decode = len(input_ids) == len(seq_lens)
-        tensors = [
-            _to_device(input_ids, torch.int64, self.device),
-            _to_device(positions, torch.int64, self.device),
-            _to_device(slots, torch.int64, self.device),
-            _to_device(table, torch.int32, self.device),
-            _to_device(seq_lens, torch.int32, self.device),
-        ]
         if is_decode and self.graphs is not None and self.graphs.fits(len(seq_lens), width):
-            hidden = self.graphs.run(*tensors)
+            ids = np.asarray(input_ids, dtype=np.int64)
+            hidden = self._run_graph(
+                ids, np.asarray(positions), np.asarray(slots), np.asarray(seq_lens), tables
+            )
         else:
-            ids, pos, slot_mapping, block_tables, lens = tensors
+            table = np.zeros((len(tables), width), dtype=np.int32)
+            for row, t in zip(table, tables):
+                row[: len(t)] = t  # numpy converts a list slice in C: far faster than nested lists
             ctx = ForwardContext(
-                slot_mapping=slot_mapping,
-                block_tables=block_tables,
-                seq_lens=lens,
+                slot_mapping=_to_device(slots, torch.int64, self.device),
+                block_tables=_to_device(table, torch.int32, self.device),
+                seq_lens=_to_device(seq_lens, torch.int32, self.device),
                 query_start_loc=_to_device(query_start_loc, torch.int32, self.device),
                 is_decode=is_decode,
                 max_query_len=max(b - a for a, b in zip(query_start_loc, query_start_loc[1:])),
                 max_seq_len=max(seq_lens),
             )
-            hidden = self.model(ids, pos, ctx, self.kv_caches)
+            hidden = self.model(
+                _to_device(input_ids, torch.int64, self.device),
+                _to_device(positions, torch.int64, self.device),
+                ctx,
+                self.kv_caches,
+            )
         if not sampled_reqs:
-            return {}
+            return StepHandle([], results={})
         if len(logits_rows) < hidden.shape[0]:
             hidden = hidden[_to_device(logits_rows, torch.int64, self.device)]
         logits = self.model.compute_logits(hidden)
+        if all(self.greedy_only(r) for r in sampled_reqs):
+            return self._greedy(logits, sampled_reqs)
         sampled = self.sampler(logits, sampled_reqs)
-        return {req.request_id: s for req, s in zip(sampled_reqs, sampled)}
+        return StepHandle(
+            sampled_reqs, results={req.request_id: s for req, s in zip(sampled_reqs, sampled)}
+        )
+
+    @torch.inference_mode()
+    def launch_chained(
+        self, prev: StepHandle, requests: list[Request], positions: np.ndarray,
+        block_tables: list[list[int]],
+    ) -> StepHandle:  # fmt: skip
+        """Launches a pure-decode step of ``requests`` (each sampled in ``prev``, not collected
+        yet) at ``positions``: its input ids are ``prev``'s tokens, gathered on the device."""
+        assert prev.token_ids is not None
+        n = len(requests)
+        rows = [prev.rows[r.request_id] for r in requests]
+        if rows == list(range(n)):
+            src = prev.token_ids[:n]
+        else:
+            src = prev.token_ids[_to_device(rows, torch.int64, self.device)]
+        bs = self.block_size
+        table_rows = self._table_rows(requests, block_tables)
+        blocks = table_rows[np.arange(n), positions // bs].astype(np.int64)
+        slots = blocks * bs + positions % bs
+        if self.graphs is not None:
+            self.graphs.input_ids[:n].copy_(src)
+            hidden = self._run_graph(
+                None, positions, slots, positions + 1, block_tables, table_rows
+            )
+        else:  # eager (the CPU, or enforce_eager): same inputs, no graph
+            ctx = ForwardContext(
+                slot_mapping=_to_device(slots, torch.int64, self.device),
+                block_tables=_to_device(table_rows, torch.int32, self.device),
+                seq_lens=_to_device(positions + 1, torch.int32, self.device),
+                query_start_loc=torch.arange(n + 1, dtype=torch.int32, device=self.device),
+                is_decode=True,
+                max_seq_len=int(positions.max()) + 1,
+            )
+            pos = _to_device(positions, torch.int64, self.device)
+            hidden = self.model(src, pos, ctx, self.kv_caches)
+        logits = self.model.compute_logits(hidden)
+        return self._greedy(logits, requests)
+
+    def _table_rows(self, requests: list[Request], tables: list[list[int]]) -> np.ndarray:
+        width = max(len(t) for t in tables)
+        out = np.zeros((len(tables), width), dtype=np.int32)
+        cache, fresh = self._np_blocks, {}
+        for i, (req, t) in enumerate(zip(requests, tables)):
+            rid = req.request_id
+            hit = cache.get(rid)
+            if hit is None or hit[0] != id(t) or hit[1] != len(t):
+                hit = (id(t), len(t), np.asarray(t, dtype=np.int32))
+            fresh[rid] = hit
+            out[i, : hit[1]] = hit[2]
+        self._np_blocks = fresh
+        return out
+
+    def _run_graph(self, ids, positions, slots, seq_lens, tables, table_rows=None) -> torch.Tensor:
+        """Stages a decode step's inputs in pinned memory (one ring slot), plans the decode
+        attention from ``seq_lens`` and replays the graph; nothing here waits for the GPU."""
+        g = self.graphs
+        n = len(seq_lens)
+        if table_rows is None:
+            table_rows = np.zeros((n, max(len(t) for t in tables)), dtype=np.int32)
+            for row, t in zip(table_rows, tables):
+                row[: len(t)] = t
+        width = table_rows.shape[1]
+        slot, (i64, i32) = self._stage.take()
+        a64, a32 = i64.numpy(), i32.numpy()
+        if ids is not None:
+            a64[:n] = ids
+        a64[n : 2 * n] = positions
+        a64[2 * n : 3 * n] = slots
+        a32[:n] = seq_lens
+        a32[n : n + n * width] = table_rows.reshape(-1)
+        plan_at = n + n * width
+        g.plan.fill(seq_lens, a32[plan_at : plan_at + g.plan.numel])
+        hidden = g.run(
+            None if ids is None else i64[:n],
+            i64[n : 2 * n],
+            i64[2 * n : 3 * n],
+            i32[n : n + n * width].view(n, width),
+            i32[:n],
+            i32[plan_at : plan_at + g.plan.numel],
+        )
+        ev = torch.cuda.Event()
+        ev.record()
+        self._stage.done(slot, ev)
+        return hidden
+
+    def _greedy(self, logits: torch.Tensor, reqs: list[Request]) -> StepHandle:
+        token_ids = logits.argmax(dim=-1)  # the sampler's greedy rule, left on the device
+        rows = {r.request_id: i for i, r in enumerate(reqs)}
+        if self.device.type != "cuda":
+            return StepHandle(reqs, token_ids=token_ids, host=token_ids, rows=rows)
+        slot, host = self._tokens.take()
+        n = len(reqs)
+        host[:n].copy_(token_ids, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        self._tokens.done(slot, ev)
+        return StepHandle(reqs, token_ids=token_ids, host=host[:n], event=ev, rows=rows)
+
+    def collect(self, handle: StepHandle) -> dict[str, SampledTokens]:
+        """The step's sampled tokens by request id (waits for the step's GPU work)."""
+        if handle.results is None:
+            if handle.event is not None:
+                handle.event.synchronize()
+            ids = handle.host.tolist()
+            handle.results = {
+                r.request_id: SampledTokens([t]) for r, t in zip(handle.requests, ids)
+            }
+        return handle.results
 
 
 def _to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

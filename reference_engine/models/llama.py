@@ -7,6 +7,7 @@ kernels replace the PyTorch references on CUDA.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,6 +28,8 @@ class ForwardContext:
     is_decode: bool  # every sequence has exactly one new token
     max_query_len: int = 1
     max_seq_len: int = 0
+    decode_plan: Any = None  # a kernels.decode_split.DecodePlan for the decode kernel, or None
+    decode_workspace: torch.Tensor | None = None
 
 
 class RMSNorm(nn.Module):
@@ -80,8 +83,9 @@ class Attention(nn.Module):
         ops.store_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
         if ctx.is_decode:
             o = ops.paged_attention_decode(
-                q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale
-            )
+                q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale,
+                plan=ctx.decode_plan, workspace=ctx.decode_workspace,
+            )  # fmt: skip
         else:
             o = ops.paged_attention_prefill(
                 q,
