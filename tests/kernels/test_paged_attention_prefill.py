@@ -67,24 +67,19 @@ def _inputs(cases, heads, kv_heads, head_dim, block_size, dtype, device, nan_unu
     return q, k_cache, v_cache, tables, lens, qsl
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2)])
-def test_prefill_configs(tops, dtype, device, head_dim, heads, kv_heads):
+@pytest.mark.parametrize(
+    ("head_dim", "cfg"),
+    [(d, c) for d in (64, 128) for c in _configs(d)],
+    ids=[f"d{d}-{_cfg_id(c)}" for d in (64, 128) for c in _configs(d)],
+)
+def test_prefill_configs(tops, dtype, device, head_dim, cfg):
     if ON_GPU and dtype != torch.bfloat16:
         pytest.skip("candidate configurations are checked in bf16 (fp16 runs the default)")
-    q, k_cache, v_cache, tables, lens, qsl = _inputs(
-        CASES, heads, kv_heads, head_dim, 16, dtype, device
-    )
+    q, k_cache, v_cache, tables, lens, qsl = _inputs(CASES, 4, 2, head_dim, 16, dtype, device)
+    out = torch.full_like(q, float("nan"))
+    tops.paged_attention_prefill(q, k_cache, v_cache, tables, lens, qsl, 0.09, out=out, config=cfg)
     ref = reference.paged_attention_prefill(q, k_cache, v_cache, tables, lens, qsl, 0.09)
-    for cfg in _configs(head_dim):
-        out = torch.full_like(q, float("nan"))
-        tops.paged_attention_prefill(
-            q, k_cache, v_cache, tables, lens, qsl, 0.09, out=out, config=cfg
-        )
-        try:
-            assert_close(out, ref, dtype)
-        except AssertionError as e:
-            raise AssertionError(f"{_cfg_id(cfg)}: {e}") from None
+    assert_close(out, ref, dtype)
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 32])
