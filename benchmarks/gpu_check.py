@@ -81,7 +81,14 @@ def near_tie(ours, theirs_tokens, theirs_logprobs) -> str:
     if theirs_tokens[i] in ours_top and toks[i] in hf_top2:
         gap = float(theirs_logprobs[i][theirs_tokens[i]] - theirs_logprobs[i][toks[i]])
         return f"near-tie@{i}(gap {gap:.2f})"
-    return f"MISMATCH@{i}"
+    return f"MISMATCH@{i}{_rank(theirs_logprobs[i], theirs_tokens[i], toks[i])}"
+
+
+def _rank(ref_logprobs: torch.Tensor, ref_token: int, token: int) -> str:
+    """Where ``token`` ranks in the reference's distribution, and its logprob gap to the
+    reference's pick: a rank of 3 and a gap of 0.1 is rounding, a rank of 50 is not."""
+    rank = int((ref_logprobs > ref_logprobs[token]).sum()) + 1
+    return f"(rank {rank}, gap {float(ref_logprobs[ref_token] - ref_logprobs[token]):.2f})"
 
 
 def near_tie_hf(tokens, logprobs, ref_tokens, ref_logprobs) -> str:
@@ -94,7 +101,7 @@ def near_tie_hf(tokens, logprobs, ref_tokens, ref_logprobs) -> str:
     ):
         gap = float(ref_logprobs[i][ref_tokens[i]] - ref_logprobs[i][tokens[i]])
         return f"near-tie@{i}(gap {gap:.2f})"
-    return f"MISMATCH@{i}"
+    return f"MISMATCH@{i}{_rank(ref_logprobs[i], ref_tokens[i], tokens[i])}"
 
 
 def summary(verdicts: list[str]) -> str:
