@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels import ops
+from kernels import ops, reference
 from reference_engine.config import ModelConfig
 from reference_engine.models.rope import cos_sin_cache
 
@@ -154,10 +154,13 @@ class CausalLM(nn.Module):
         ctx: ForwardContext,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            x, residual = layer(positions, x, residual, ctx, kv_cache, self.rope_cache)
-        x, _ = self.norm.add_and_norm(x, residual)
+        # The step's index tensors stay unchanged through the layers: on the CPU, what the
+        # kernels derive from them (gather indices, masks, rotary cos/sin) is computed once.
+        with reference.step_cache():
+            x, residual = self.embed_tokens(input_ids), None
+            for layer, kv_cache in zip(self.layers, kv_caches):
+                x, residual = layer(positions, x, residual, ctx, kv_cache, self.rope_cache)
+            x, _ = self.norm.add_and_norm(x, residual)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
