@@ -37,44 +37,9 @@ def _load_tile(
 
 
 @triton.jit
-def _exp2_fma(x):
-    """``2**x`` for ``x <= 0`` on the FMA pipe: a cubic for the fraction, the integer part added
-    to the exponent bits (relative error 9e-5; P is rounded to bf16 anyway). Hopper's MUFU does
-    16 exponentials per clock per SM against 128 FMAs, so moving a share of the softmax's
-    exponentials here shortens the part of each tile that cannot overlap the tensor cores."""
-    x = tl.maximum(x, -126.0)  # -inf (masked) becomes 2**-126, far below any visible weight
-    xi = tl.floor(x)
-    f = x - xi
-    p = 1.0 + f * (0.69511545 + f * (0.22765097 + f * 0.07706157))
-    bits = p.to(tl.int32, bitcast=True) + (xi.to(tl.int32) << 23)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _exp2_split(x, FMA_EXP: tl.constexpr):
-    """``2**x`` with 1 / FMA_EXP of the columns (0: none) on the FMA pipe."""
-    if FMA_EXP == 0:
-        return tl.exp2(x)
-    else:
-        BM: tl.constexpr = x.shape[0]
-        BN: tl.constexpr = x.shape[1]
-        # Adjacent column pairs sit in one thread's registers in the MMA layout: splitting them
-        # moves no data.
-        xa, xb = tl.split(tl.reshape(x, [BM, BN // 2, 2]))
-        if FMA_EXP == 2:
-            pb = _exp2_fma(xb)
-        else:  # 4: a quarter, every other group of 8 columns' second halves
-            xg = tl.permute(tl.reshape(xb, [BM, BN // 16, 2, 4]), [0, 1, 3, 2])
-            xb0, xb1 = tl.split(xg)
-            pg = tl.join(tl.exp2(xb0), _exp2_fma(xb1))
-            pb = tl.reshape(tl.permute(pg, [0, 1, 3, 2]), [BM, BN // 2])
-        return tl.reshape(tl.join(tl.exp2(xa), pb), [BM, BN])
-
-
-@triton.jit
 def _softmax_pv(
     qk, acc, m_i, l_i, v, offs_n, q_pos, kv_limit, on_diag, scale_log2,
-    MASK: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_EXP: tl.constexpr,
+    MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax update with the scores ``qk`` of one tile and its values ``v``.
 
@@ -88,7 +53,7 @@ def _softmax_pv(
     # tile gets p = 0 and alpha = 1, never NaN. scale_log2 > 0, so the row max commutes with the
     # scaling (one fused multiply-add per score).
     m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale_log2)
-    p = _exp2_split(qk * scale_log2 - m_new[:, None], FMA_EXP)
+    p = tl.exp2(qk * scale_log2 - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
@@ -100,7 +65,7 @@ def _attend_tile(
     q, acc, m_i, l_i, offs_n, tok, page, on_diag, k_ptr, v_ptr,
     stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
     q_pos, kv_limit, offs_d, d_mask, scale_log2,
-    MASK: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, FMA_EXP: tl.constexpr,
+    MASK: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One K/V tile: ``page`` holds each row's page (read from the block table one tile ahead
     by the caller), ``tok`` each row's slot in its page."""
@@ -110,7 +75,7 @@ def _attend_tile(
                    stride_v_blk, stride_v_tok, MASK != 0, EVEN_D)  # fmt: skip
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     return _softmax_pv(qk, acc, m_i, l_i, v, offs_n, q_pos, kv_limit, on_diag, scale_log2,
-                       MASK, DOT_PRECISION, FMA_EXP)  # fmt: skip
+                       MASK, DOT_PRECISION)  # fmt: skip
 
 
 @triton.jit
@@ -127,7 +92,7 @@ def _prefill_kernel(
     num_heads,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    LOOP: tl.constexpr, FMA_EXP: tl.constexpr,
+    LOOP: tl.constexpr,
 ):  # fmt: skip
     # Longest-first: the last query tiles of a causal sequence see the most keys. Axis 1 walks
     # (sequence, head) with the query tiles of one head adjacent, so that the programs running
@@ -176,7 +141,7 @@ def _prefill_kernel(
                 q, acc, m_i, l_i, offs_n, _slot(offs_t, offs_n, PAGE, BLOCK_N), page,
                 n0 >= full_end, k_base, v_base,
                 stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
-                q_pos, kv_end, offs_d, d_mask, scale_log2, 2, EVEN_D, DOT_PRECISION, FMA_EXP,
+                q_pos, kv_end, offs_d, d_mask, scale_log2, 2, EVEN_D, DOT_PRECISION,
             )  # fmt: skip
             page = page_next
     else:
@@ -188,7 +153,7 @@ def _prefill_kernel(
                 q, acc, m_i, l_i, offs_n, _slot(offs_t, offs_n, PAGE, BLOCK_N), page,
                 False, k_base, v_base,
                 stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
-                q_pos, kv_end, offs_d, d_mask, scale_log2, 0, EVEN_D, DOT_PRECISION, FMA_EXP,
+                q_pos, kv_end, offs_d, d_mask, scale_log2, 0, EVEN_D, DOT_PRECISION,
             )  # fmt: skip
             page = page_next
         for n0 in range(full_end, kv_end, BLOCK_N):
@@ -198,7 +163,7 @@ def _prefill_kernel(
                 q, acc, m_i, l_i, offs_n, _slot(offs_t, offs_n, PAGE, BLOCK_N), page,
                 True, k_base, v_base,
                 stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
-                q_pos, kv_end, offs_d, d_mask, scale_log2, 1, EVEN_D, DOT_PRECISION, FMA_EXP,
+                q_pos, kv_end, offs_d, d_mask, scale_log2, 1, EVEN_D, DOT_PRECISION,
             )  # fmt: skip
             page = page_next
     out = acc / l_i[:, None]
@@ -206,24 +171,21 @@ def _prefill_kernel(
     tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
-def _cfg(
-    block_m: int, block_n: int, num_warps: int, num_stages: int, loop: int = 0, fma_exp: int = 0
-) -> dict:
+def _cfg(block_m: int, block_n: int, num_warps: int, num_stages: int, loop: int = 0) -> dict:
     return {"block_m": block_m, "block_n": block_n, "num_warps": num_warps,
-            "num_stages": num_stages, "loop": loop, "fma_exp": fma_exp}  # fmt: skip
+            "num_stages": num_stages, "loop": loop}  # fmt: skip
 
 
-# The configuration used on CUDA, per head dim (<= 64, else), and the candidates the benchmark's
-# sweep times and the CUDA tests check (tile shapes that fit an H100 / H200 without spills).
+# The configuration used on CUDA, per head dim (<= 64, else): the fastest of the H200 sweep in
+# docs/performance.md. The candidates are what the benchmark's sweep times and the CUDA tests
+# check (tile shapes that fit an H100 / H200 without spills).
 CUDA_CONFIGS = {64: _cfg(128, 64, 4, 3), 128: _cfg(128, 128, 8, 3, 1)}
 # fp32 at head dim 128 (the fp32 engine path on CUDA): tiles twice the bytes, so smaller ones.
 CUDA_FP32_CONFIG = _cfg(64, 32, 4, 2)
 CANDIDATE_CONFIGS = {
-    64: [_cfg(128, 64, 4, 3), _cfg(128, 64, 4, 3, 0, 2), _cfg(128, 64, 4, 3, 0, 4),
-         _cfg(128, 64, 4, 3, 1), _cfg(64, 64, 4, 3), _cfg(128, 128, 8, 3, 1)],
-    128: [_cfg(128, 128, 8, 3, 1), _cfg(128, 128, 8, 3, 1, 2), _cfg(128, 128, 8, 3, 1, 4),
-          _cfg(128, 128, 8, 3), _cfg(128, 128, 8, 2, 1), _cfg(128, 64, 8, 3, 1),
-          _cfg(128, 64, 8, 3, 1, 4), _cfg(128, 64, 8, 3)],
+    64: [_cfg(128, 64, 4, 3), _cfg(128, 64, 4, 3, 1), _cfg(64, 64, 4, 3), _cfg(128, 128, 8, 3, 1)],
+    128: [_cfg(128, 128, 8, 3, 1), _cfg(128, 128, 8, 3), _cfg(128, 128, 8, 2, 1),
+          _cfg(128, 64, 8, 3, 1), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3)],
 }  # fmt: skip
 
 
@@ -232,8 +194,7 @@ def default_config(q: torch.Tensor) -> dict[str, int]:
 
     ``loop``: 0 walks the K/V tiles below the diagonal in an unmasked loop, then the diagonal
     tiles in a masked one; 1 walks all in one loop, masking the diagonal tiles behind a uniform
-    branch (one software pipeline instead of two). ``fma_exp``: 0, or 2 / 4 to compute a half /
-    a quarter of the softmax's exponentials on the FMA pipe instead of the MUFU.
+    branch (one software pipeline instead of two).
     """
     if not q.is_cuda:
         return _cfg(16, 16, 4, 1)
@@ -284,7 +245,7 @@ def paged_attention_prefill(
         BLOCK_D=max(triton.next_power_of_2(head_dim), 16),
         BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        LOOP=cfg["loop"], FMA_EXP=cfg.get("fma_exp", 0),
+        LOOP=cfg["loop"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     return out
