@@ -8,6 +8,7 @@ tokens; while the window's text ends in U+FFFD the new bytes are held back.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
@@ -35,11 +36,16 @@ class IncrementalDetokenizer:
         if self.tokenizer is None:
             self.token_ids.extend(new_token_ids)
             return None, len(new_token_ids)
+        if not self.stop_strings:
+            for token_id in new_token_ids:
+                self.token_ids.append(token_id)
+                self._decode_next()
+            return None, len(new_token_ids)
         for i, token_id in enumerate(new_token_ids):
             self.token_ids.append(token_id)
             before = len(self.text)
             self._decode_next()
-            if self.stop_strings and len(self.token_ids) > check_stop_from:
+            if len(self.token_ids) > check_stop_from:
                 stop = self._find_stop(before)
                 if stop is not None:
                     return stop, i + 1
@@ -55,15 +61,15 @@ class IncrementalDetokenizer:
             self._decode = lambda ids: self.tokenizer.decode(
                 ids, skip_special_tokens=self.skip_special_tokens
             )
-        else:
-            self._decode = lambda ids: backend.decode(
-                ids, skip_special_tokens=self.skip_special_tokens
+        else:  # a C-level partial: no Python frame per call
+            self._decode = functools.partial(
+                backend.decode, skip_special_tokens=self.skip_special_tokens
             )
 
     def _decode_next(self) -> None:
-        ids, decode = self.token_ids, self._decode
-        prefix = decode(ids[self.prefix_offset : self.read_offset])
-        window = decode(ids[self.prefix_offset :])
+        ids, decode, start = self.token_ids, self._decode, self.prefix_offset
+        prefix = decode(ids[start : self.read_offset])
+        window = decode(ids[start:])
         if len(window) > len(prefix) and not window.endswith("\ufffd"):
             self.text += window[len(prefix) :]
             self.prefix_offset, self.read_offset = self.read_offset, len(ids)

@@ -66,20 +66,25 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         i = 0
+        allocate, scheduled = self.kv_cache.allocate_slots, out.num_scheduled_tokens
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            self._propose_drafts(req)
+            if self.proposer is not None:
+                self._propose_drafts(req)
+            elif req.spec_token_ids:
+                req.spec_token_ids = []
             n = min(req.num_tokens - req.num_computed_tokens + len(req.spec_token_ids), budget)
-            while not self.kv_cache.allocate_slots(req, n):
+            while not allocate(req, n):
                 victim = self.running.pop()
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is req:
                     break
             else:
-                self._trim_drafts(req, n)
+                if req.spec_token_ids:
+                    self._trim_drafts(req, n)
                 out.requests.append(req)
-                out.num_scheduled_tokens[req.request_id] = n
+                scheduled[req.request_id] = n
                 budget -= n
                 i += 1
 
@@ -105,8 +110,8 @@ class Scheduler:
             out.requests.append(req)
             out.num_scheduled_tokens[req.request_id] = n
             budget -= n
-        for req in out.requests:
-            out.block_tables[req.request_id] = self.kv_cache.blocks_of(req.request_id)
+        blocks_of = self.kv_cache.blocks_of
+        out.block_tables = {rid: blocks_of(rid) for rid in scheduled}
         return out
 
     def _propose_drafts(self, req: Request) -> None:
