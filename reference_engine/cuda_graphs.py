@@ -45,8 +45,6 @@ class DecodeGraphs:
         self.seq_lens = torch.ones(max_batch, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=dev)
         self.plan = DecodePlan(max_batch, default_plan_programs(cfg.num_kv_heads, dev), dev)
-        self.plan.fill([1] * max_batch)
-        self.plan.device.copy_(self.plan.host)
         self.workspace = torch.empty(
             plan_workspace_numel(self.plan.max_items, cfg.num_heads, cfg.head_dim),
             dtype=torch.float32,
@@ -56,6 +54,10 @@ class DecodeGraphs:
         self.outputs: dict[int, torch.Tensor] = {}
         pool = None
         for b in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
+            # A plan names sequences by row: one filled for a larger batch would read rows past
+            # this size's inputs (out of bounds of q) during warm-up.
+            self.plan.fill([1] * b)
+            self.plan.device.copy_(self.plan.host)
             ctx = self._context(b)
             args = (self.input_ids[:b], self.positions[:b], ctx, kv_caches)
             for _ in range(2):  # compiles Triton kernels and settles the allocator before capture
