@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import tempfile
 import time
@@ -237,11 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                 s, n = run_llm(folder, prompts, outs, engine_args)
                 rows["reference LLM"] = (s, n, len(prompts))
             elif name == "llm-sync":  # the same without overlapped (async) scheduling
-                os.environ["REFERENCE_ENGINE_ASYNC_SCHEDULING"] = "0"
-                try:
-                    s, n = run_llm(folder, prompts, outs, engine_args)
-                finally:
-                    os.environ.pop("REFERENCE_ENGINE_ASYNC_SCHEDULING")
+                s, n = run_llm(folder, prompts, outs, {**engine_args, "async_scheduling": False})
                 rows["reference LLM, no overlap"] = (s, n, len(prompts))
             elif name == "async":
                 s, n = run_async(folder, prompts, outs, engine_args)

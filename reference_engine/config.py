@@ -49,6 +49,8 @@ class EngineArgs:
     enable_chunked_prefill: bool = True
     speculative_config: dict[str, Any] | SpeculativeConfig | None = None
     enforce_eager: bool = False
+    # Decide step N+1 while step N runs (greedy decode); None: on with CUDA, off on the CPU.
+    async_scheduling: bool | None = None
     disable_log_stats: bool = True
     skip_tokenizer_init: bool = False  # token ids in and out only; outputs carry no text
     load_format: str = "safetensors"  # or "dummy": seeded random weights of the config's shapes
@@ -183,6 +185,7 @@ class EngineConfig:
     speculative: SpeculativeConfig | None
     enforce_eager: bool
     disable_log_stats: bool
+    async_scheduling: bool = False
     skip_tokenizer_init: bool = False
     load_format: str = "safetensors"
     stream_interval: int = 1
@@ -229,6 +232,9 @@ class EngineConfig:
             enable_chunked_prefill=args.enable_chunked_prefill,
             speculative=spec,
             enforce_eager=args.enforce_eager,
+            async_scheduling=(
+                device.type == "cuda" if args.async_scheduling is None else args.async_scheduling
+            ),
             disable_log_stats=args.disable_log_stats,
             skip_tokenizer_init=args.skip_tokenizer_init,
             load_format=args.load_format,

@@ -19,9 +19,9 @@ import torch
 from kernels.decode_split import DecodePlan, default_plan_programs, plan_workspace_numel
 from reference_engine.models import CausalLM, ForwardContext
 
-# REFERENCE_ENGINE_DECODE_PLAN=1: decode attention on a DecodePlan (off by default until it is
-# checked in the engine on CUDA); otherwise the split decode sized from the table capacity.
-USE_PLAN = os.environ.get("REFERENCE_ENGINE_DECODE_PLAN", "0") == "1"
+# REFERENCE_ENGINE_DECODE_PLAN=0 (for comparisons): the split decode sized from the block
+# table's capacity instead of a DecodePlan.
+USE_PLAN = os.environ.get("REFERENCE_ENGINE_DECODE_PLAN", "1") == "1"
 LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
 

@@ -4,7 +4,6 @@ tokens into ``RequestOutput``s. ``LLM`` and ``AsyncLLM`` both drive an instance 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -52,9 +51,7 @@ class LLMEngine:
         self.stats = EngineStats()
         # One step may be in flight between calls of ``step`` (see there).
         self._pending: tuple[SchedulerOutput, StepHandle] | None = None
-        # REFERENCE_ENGINE_ASYNC_SCHEDULING=1 turns the overlap on (CPU too, for tests); off by
-        # default until it is measured and checked on CUDA (docs/performance.md, issue 8).
-        self._overlap = os.environ.get("REFERENCE_ENGINE_ASYNC_SCHEDULING", "0") == "1"
+        self._overlap = config.async_scheduling
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -220,38 +217,25 @@ class LLMEngine:
         return outputs
 
     def _chain(self, sched, handle) -> tuple[SchedulerOutput, StepHandle] | None:
-        """Launches the decode step that follows the in-flight one, or returns None when the
-        scheduler must decide the next step (waiting requests to admit, a prompt still in
-        chunks, non-greedy sampling, no free block, drafts)."""
-        runner, scheduler = self.model_runner, self.scheduler
-        if handle.token_ids is None or scheduler.proposer is not None:
+        """Launches the decode step that follows the in-flight one when the scheduler can decide
+        it before the in-flight tokens are read back; None otherwise."""
+        runner = self.model_runner
+        if handle.token_ids is None:
             return None
-        if scheduler.waiting and len(scheduler.running) < scheduler.max_num_seqs:
+        nxt = self.scheduler.schedule(
+            in_flight=sched,
+            decodes_ahead=lambda req: (
+                req.request_id in handle.rows and runner.greedy_only(req, tokens_ahead=1)
+            ),
+        )
+        if nxt.is_empty:
             return None
-        reqs, positions, tables = [], [], []
-        max_len = self.max_model_len
-        for req in sched.requests:
-            if req.is_finished:
-                continue
-            if req.request_id not in handle.rows:  # a prompt chunk: the scheduler goes on
-                return None
-            if req.num_output_tokens + 1 >= req.max_tokens or req.num_tokens + 1 >= max_len:
-                continue  # stops at the in-flight step for sure
-            if not runner.greedy_only(req, tokens_ahead=1):
-                return None
-            pos = req.num_computed_tokens + sched.num_scheduled_tokens[req.request_id]
-            if not self.kv_cache.allocate_slots(req, pos + 1 - req.num_computed_tokens):
-                return None  # the scheduler preempts
-            reqs.append(req)
-            positions.append(pos)
-            tables.append(self.kv_cache.blocks_of(req.request_id))
-        if not reqs:
-            return None
-        nxt = SchedulerOutput(
-            requests=reqs, num_scheduled_tokens=dict.fromkeys(
-                (r.request_id for r in reqs), 1))  # fmt: skip
-        pos = np.asarray(positions, dtype=np.int64)
-        return nxt, runner.launch_chained(handle, reqs, pos, tables)
+        in_flight = sched.num_scheduled_tokens
+        positions = np.array(
+            [r.num_computed_tokens + in_flight[r.request_id] for r in nxt.requests], np.int64
+        )
+        tables = [self.kv_cache.blocks_of(r.request_id) for r in nxt.requests]
+        return nxt, runner.launch_chained(handle, nxt.requests, positions, tables)
 
     def _append_tokens(self, req: Request, result) -> tuple[list[int], tuple | None]:
         p, new_tokens, finish = req.params, [], None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from reference_engine.block_manager import KVCacheManager
@@ -62,7 +62,16 @@ class Scheduler:
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(
+        self,
+        in_flight: SchedulerOutput | None = None,
+        decodes_ahead: Callable[[Request], bool] | None = None,
+    ) -> SchedulerOutput:
+        """The next step. ``in_flight``: a step launched but whose sampled tokens are not yet
+        appended (overlapped scheduling); the step after it is then decided ahead of them (see
+        ``_schedule_ahead``), and an empty output means it has to wait for them."""
+        if in_flight is not None:
+            return self._schedule_ahead(in_flight, decodes_ahead or (lambda req: False))
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         i = 0
@@ -112,6 +121,38 @@ class Scheduler:
             budget -= n
         blocks_of = self.kv_cache.blocks_of
         out.block_tables = {rid: blocks_of(rid) for rid in scheduled}
+        return out
+
+    def _schedule_ahead(
+        self, in_flight: SchedulerOutput, decodes_ahead: Callable[[Request], bool]
+    ) -> SchedulerOutput:
+        """The decode step after ``in_flight``, for the requests that keep running whatever token
+        they sample there: each takes one token at the position after its in-flight one. This is
+        what ``schedule`` would do once the tokens are appended, as long as nothing waits for
+        admission, every request of ``in_flight`` samples its token where the next step can read
+        it (``decodes_ahead``: the runner's rule, e.g. greedy on the device) and blocks suffice;
+        otherwise the output is empty. A request that then stops at ``in_flight`` (EOS, a stop
+        token, an abort) is dropped from this step by the engine."""
+        out = SchedulerOutput()
+        if self.proposer is not None or (self.waiting and len(self.running) < self.max_num_seqs):
+            return out
+        for req in in_flight.requests:
+            if req.is_finished:
+                continue
+            n = in_flight.num_scheduled_tokens[req.request_id]
+            if req.num_computed_tokens + n < req.num_tokens:
+                return SchedulerOutput()  # a prompt chunk: nothing sampled in flight
+            if (
+                req.num_output_tokens + 1 >= req.max_tokens
+                or req.num_tokens + 1 >= self.max_model_len
+            ):
+                continue  # stops at the in-flight step for sure
+            if not decodes_ahead(req):
+                return SchedulerOutput()  # a token the host must sample first
+            if not self.kv_cache.allocate_slots(req, n + 1):
+                return SchedulerOutput()  # short of blocks: ``schedule`` preempts
+            out.requests.append(req)
+            out.num_scheduled_tokens[req.request_id] = 1
         return out
 
     def _propose_drafts(self, req: Request) -> None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the lent H200 (device tool), in one call: the engine's CUDA path checked (decode kernel
 # tests, CUDA against the CPU path and HF, the conformance suite on CUDA), then the end-to-end
-# throughput with overlapped scheduling off (llm-sync) and on (llm, async). Logs land in $OUT.
+# throughput with overlapped scheduling off (llm-sync) and on (llm, async: the default).
+# Logs land in $OUT.
 # The conformance step needs the wheels in .whl (see scripts/device_conformance.sh).
 set -uo pipefail
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
@@ -19,5 +20,4 @@ step() {  # step NAME SECONDS CMD...: runs CMD under a time limit, logs it, show
 step decode_tests 100 python3 -m pytest -q -x tests/kernels/test_paged_attention.py -k decode
 step gpu_check 150 python3 -m benchmarks.gpu_check
 step conformance 120 bash scripts/device_conformance.sh -x
-step throughput 200 env REFERENCE_ENGINE_ASYNC_SCHEDULING=1 \
-  python3 -m benchmarks.gpu_throughput --engines llm-sync,llm,async
+step throughput 200 python3 -m benchmarks.gpu_throughput --engines llm-sync,llm,async

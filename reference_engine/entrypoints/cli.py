@@ -26,7 +26,7 @@ log = logging.getLogger("reference_engine.entrypoints")
 
 def _option_type(hint: Any) -> Any:
     args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if hint is bool:
+    if hint is bool or args == [bool]:
         return bool
     for kind in (int, float, str):
         if hint is kind or kind in args:

@@ -254,7 +254,7 @@ async def test_a_dying_engine_fails_every_stream_and_later_call():
     def broken(*args, **kwargs):
         raise RuntimeError("injected fault")
 
-    eng.engine.model_runner.execute = broken
+    eng.engine.model_runner.collect = broken  # every step, overlapped or not, collects
     with pytest.raises(EngineDeadError) as info:
         await asyncio.wait_for(stream, TIMEOUT)
     assert isinstance(info.value.__cause__, RuntimeError)

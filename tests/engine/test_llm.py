@@ -26,7 +26,10 @@ def mixed_prompts() -> list[str]:
     return load_prompts("short")[:4] + long[:2] + shared[:4] + load_prompts("multibyte")[:2]
 
 
-def test_greedy_equals_hf_with_chunking_prefix_hits_and_preemption(model_name, hf_greedy):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["stepwise", "overlapped"])
+def test_greedy_equals_hf_with_chunking_prefix_hits_and_preemption(
+    model_name, hf_greedy, async_scheduling
+):
     # 40 blocks of 16 tokens cannot hold this batch at once, and a 128-token budget chunks every
     # long prompt: the engine must preempt, resume and still match HF exactly.
     llm = LLM(
@@ -35,6 +38,7 @@ def test_greedy_equals_hf_with_chunking_prefix_hits_and_preemption(model_name, h
         block_size=16,
         max_num_batched_tokens=128,
         max_num_seqs=8,
+        async_scheduling=async_scheduling,
     )
     prompts = mixed_prompts()
     outs = llm.generate(prompts, greedy(), use_tqdm=False)
