@@ -91,8 +91,13 @@ def run_llm(folder: str, prompts, outs, engine_args) -> tuple[float, int]:
     llm.generate(inputs[:4], params[:4], use_tqdm=False)  # warm-up: Triton compiles
     torch.cuda.synchronize()
     start = time.perf_counter()
+    waited, steps = llm.llm_engine.model_runner.host_wait_s, llm.get_stats().num_steps
     results = llm.generate(inputs, params)
     seconds = time.perf_counter() - start
+    waited = llm.llm_engine.model_runner.host_wait_s - waited
+    steps = llm.get_stats().num_steps - steps
+    # Waiting long for the GPU means the GPU sets the pace; waiting little, the host does.
+    print(f"  {seconds:.2f} s, {steps} steps, host waited for the GPU {waited:.2f} s", flush=True)
     del llm
     torch.cuda.empty_cache()
     return seconds, sum(len(r.outputs[0].token_ids) for r in results)

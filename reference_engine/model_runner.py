@@ -11,6 +11,7 @@ Otherwise the step samples with the full ``Sampler`` at launch, which waits for 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,6 +62,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.device = config.device
+        self.host_wait_s = 0.0  # time the host spent waiting for the GPU to finish a step
         self.block_size = config.block_size
         torch.manual_seed(config.seed)
         self.model = load_model(
@@ -296,7 +298,9 @@ class ModelRunner:
         """The step's sampled tokens by request id (waits for the step's GPU work)."""
         if handle.results is None:
             if handle.event is not None:
+                start = time.perf_counter()
                 handle.event.synchronize()
+                self.host_wait_s += time.perf_counter() - start
             ids = handle.host.tolist()
             handle.results = {
                 r.request_id: SampledTokens([t]) for r, t in zip(handle.requests, ids)
