@@ -234,7 +234,7 @@ class LLMEngine:
         positions = np.array(
             [r.num_computed_tokens + in_flight[r.request_id] for r in nxt.requests], np.int64
         )
-        tables = [self.kv_cache.blocks_of(r.request_id) for r in nxt.requests]
+        tables = [nxt.block_tables[r.request_id] for r in nxt.requests]
         return nxt, runner.launch_chained(handle, nxt.requests, positions, tables)
 
     def _append_tokens(self, req: Request, result) -> tuple[list[int], tuple | None]:

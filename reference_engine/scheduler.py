@@ -153,6 +153,7 @@ class Scheduler:
                 return SchedulerOutput()  # short of blocks: ``schedule`` preempts
             out.requests.append(req)
             out.num_scheduled_tokens[req.request_id] = 1
+            out.block_tables[req.request_id] = self.kv_cache.blocks_of(req.request_id)
         return out
 
     def _propose_drafts(self, req: Request) -> None:
