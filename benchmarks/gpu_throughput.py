@@ -133,8 +133,11 @@ def run_async(folder: str, prompts, outs, engine_args) -> tuple[float, int]:
     return result
 
 
-def profile(folder: str, engine_args: dict, num_requests: int = 128, out_len: int = 128) -> None:
-    """Where a decode-heavy run's time goes: Python functions (cProfile) and GPU kernels."""
+def profile(
+    folder: str, engine_args: dict, num_requests: int = 128, out_len: int | None = 128
+) -> None:
+    """Where a decode-heavy run's time goes: Python functions (cProfile) and GPU kernels.
+    ``out_len`` None: the benchmark's own output lengths (the full workload)."""
     import cProfile
     import pstats
 
@@ -144,17 +147,17 @@ def profile(folder: str, engine_args: dict, num_requests: int = 128, out_len: in
     from reference_engine import LLM, SamplingParams
 
     llm = LLM(folder, **engine_args)
-    prompts, _ = workload(num_requests, seed=1)
+    prompts, outs = workload(num_requests, seed=1)
     inputs = [{"prompt_token_ids": p} for p in prompts]
-    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
-    llm.generate(inputs[:4], params, use_tqdm=False)
+    params = [SamplingParams(temperature=0, max_tokens=out_len or o, ignore_eos=True) for o in outs]
+    llm.generate(inputs[:4], params[:4], use_tqdm=False)
     prof = cProfile.Profile()
     start = time.perf_counter()
     prof.runcall(llm.generate, inputs, params, use_tqdm=False)
     wall = time.perf_counter() - start
     steps = llm.get_stats().num_steps
     print(
-        f"\n== cProfile: {num_requests} requests x {out_len} tokens, {wall:.2f} s, "
+        f"\n== cProfile: {num_requests} requests x {out_len or 'workload'} tokens, {wall:.2f} s, "
         f"{steps} steps in all"
     )
     pstats.Stats(prof).sort_stats("tottime").print_stats(18)
@@ -208,7 +211,11 @@ def run_hf(prompts, outs, batch_size: int, time_cap: float) -> tuple[float, int,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-requests", type=int, default=256)
-    ap.add_argument("--engines", default="llm,async,hf")
+    ap.add_argument(
+        "--engines",
+        default="llm,async,hf",
+        help="comma-separated: llm, llm-sync (no overlap), async, hf, profile, profile-full",
+    )
     ap.add_argument("--hf-batch-size", type=int, default=64)
     ap.add_argument("--hf-time-cap", type=float, default=150.0)
     ap.add_argument("--engine-args", default="{}")
@@ -246,8 +253,11 @@ def main(argv: list[str] | None = None) -> int:
             elif name == "async":
                 s, n = run_async(folder, prompts, outs, engine_args)
                 rows["reference AsyncLLM"] = (s, n, len(prompts))
-            elif name == "profile":
+            elif name == "profile":  # a short decode-heavy run: 128 requests x 128 tokens
                 profile(folder, engine_args)
+                continue
+            elif name == "profile-full":  # the workload's shape: --num-requests, lengths 100..1024
+                profile(folder, engine_args, args.num_requests, out_len=None)
                 continue
             elif name == "hf":
                 rows["HF transformers generate"] = run_hf(
