@@ -24,15 +24,20 @@ def make_llm(async_scheduling: bool) -> LLM:
     )
 
 
+@pytest.fixture(scope="module")
 def workload() -> tuple[list[str], list[SamplingParams]]:
     prompts = load_prompts("short")[:6] + load_prompts("long")[:2] + load_prompts("short")[6:10]
+    probe = make_llm(False).generate(
+        prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), use_tqdm=False
+    )
     params = []
-    for i in range(len(prompts)):
+    for i, out in enumerate(probe):
         if i % 4 == 1:  # seeded sampling: the host samples, nothing is chained past it
             params.append(SamplingParams(temperature=0.8, seed=i, max_tokens=9 + i))
-        elif i % 4 == 2:  # a stop token met mid-stream
-            params.append(SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[7, 11, 19]))
-        else:  # ends by length or EOS at varied points
+        elif i % 4 == 2:  # a stop token that greedy decoding meets mid-stream
+            stop = out.outputs[0].token_ids[3 + i]
+            params.append(SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[stop]))
+        else:  # ends by length at varied points
             params.append(
                 SamplingParams(temperature=0, max_tokens=3 + 5 * i, ignore_eos=i % 3 == 0)
             )
@@ -55,21 +60,22 @@ def counted_schedules(llm: LLM) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def step_by_step() -> list:
-    prompts, params = workload()
+def step_by_step(workload) -> list:
+    prompts, params = workload
     return make_llm(False).generate(prompts, params, use_tqdm=False)
 
 
-def test_outputs_equal_the_step_by_step_engine(step_by_step):
+def test_outputs_equal_the_step_by_step_engine(workload, step_by_step):
     llm = make_llm(True)
     counts = counted_schedules(llm)
-    prompts, params = workload()
+    prompts, params = workload
     outs = llm.generate(prompts, params, use_tqdm=False)
     for a, b in zip(outs, step_by_step, strict=True):
         ca, cb = a.outputs[0], b.outputs[0]
         assert (ca.token_ids, ca.text, ca.finish_reason, ca.stop_reason) == (
             cb.token_ids, cb.text, cb.finish_reason, cb.stop_reason
         ), a.prompt  # fmt: skip
+    assert {o.outputs[0].finish_reason for o in outs} == {"stop", "length"}
     assert counts["ahead"] > 0, "no step was scheduled ahead: the overlap never ran"
     assert counts["plain"] > 0
     assert llm.get_stats().num_preemptions > 0
