@@ -159,17 +159,18 @@ class ModelRunner:
                 first = query_start_loc[-1] - 1 - len(req.spec_token_ids)
                 logits_rows.extend(range(first, query_start_loc[-1]))
                 sampled_reqs.append(req)
-        width = max(len(t) for t in tables)
+        table = _padded_table(tables)
         is_decode = len(input_ids) == len(seq_lens)
-        if is_decode and self.graphs is not None and self.graphs.fits(len(seq_lens), width):
+        if (
+            is_decode
+            and self.graphs is not None
+            and self.graphs.fits(len(seq_lens), table.shape[1])
+        ):
             ids = np.asarray(input_ids, dtype=np.int64)
             hidden = self._run_graph(
-                ids, np.asarray(positions), np.asarray(slots), np.asarray(seq_lens), tables
+                ids, np.asarray(positions), np.asarray(slots), np.asarray(seq_lens), table
             )
         else:
-            table = np.zeros((len(tables), width), dtype=np.int32)
-            for row, t in zip(table, tables):
-                row[: len(t)] = t  # numpy converts a list slice in C: far faster than nested lists
             ctx = ForwardContext(
                 slot_mapping=_to_device(slots, torch.int64, self.device),
                 block_tables=_to_device(table, torch.int32, self.device),
@@ -217,9 +218,7 @@ class ModelRunner:
         slots = blocks * bs + positions % bs
         if self.graphs is not None:
             self.graphs.input_ids[:n].copy_(src)
-            hidden = self._run_graph(
-                None, positions, slots, positions + 1, block_tables, table_rows
-            )
+            hidden = self._run_graph(None, positions, slots, positions + 1, table_rows)
         else:  # eager (the CPU, or enforce_eager): same inputs, no graph
             ctx = ForwardContext(
                 slot_mapping=_to_device(slots, torch.int64, self.device),
@@ -248,15 +247,11 @@ class ModelRunner:
         self._np_blocks = fresh
         return out
 
-    def _run_graph(self, ids, positions, slots, seq_lens, tables, table_rows=None) -> torch.Tensor:
+    def _run_graph(self, ids, positions, slots, seq_lens, table_rows) -> torch.Tensor:
         """Stages a decode step's inputs in pinned memory (one ring slot), plans the decode
         attention from ``seq_lens`` and replays the graph; nothing here waits for the GPU."""
         g = self.graphs
         n = len(seq_lens)
-        if table_rows is None:
-            table_rows = np.zeros((n, max(len(t) for t in tables)), dtype=np.int32)
-            for row, t in zip(table_rows, tables):
-                row[: len(t)] = t
         width = table_rows.shape[1]
         slot, (i64, i32) = self._stage.take()
         a64, a32 = i64.numpy(), i32.numpy()
@@ -306,6 +301,14 @@ class ModelRunner:
                 r.request_id: SampledTokens([t]) for r, t in zip(handle.requests, ids)
             }
         return handle.results
+
+
+def _padded_table(tables: list[list[int]]) -> np.ndarray:
+    """The block tables as one int32 array, each row zero-padded to the longest."""
+    out = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
+    for row, t in zip(out, tables):
+        row[: len(t)] = t  # numpy converts a list slice in C: far faster than nested lists
+    return out
 
 
 def _to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
