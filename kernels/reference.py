@@ -154,6 +154,35 @@ def store_kvcache(
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value)
 
 
+def qk_norm_rope_store(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """The attention's input side of ``qkv [T, (H + 2 KVH) D]``: with norm weights, RMSNorm of
+    each query and key head; rotary embedding of both; key and value written to their cache
+    slots (-1 skipped). Returns the query ``[T, H, D]`` (``qkv`` may be overwritten)."""
+    tokens, head_dim = qkv.shape[0], k_cache.shape[-1]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q = q.reshape(tokens, num_heads, head_dim)
+    k = k.reshape(tokens, num_kv_heads, head_dim)
+    v = v.reshape(tokens, num_kv_heads, head_dim)
+    if q_norm_weight is not None:
+        q, k = rms_norm(q, q_norm_weight, eps), rms_norm(k, k_norm_weight, eps)
+    rotary_embedding(positions, q, k, cos_sin_cache)
+    store_kvcache(k, v, k_cache, v_cache, slot_mapping)
+    return q
+
+
 def _valid_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
     """(the mask of valid slots, or None when all are; the valid slots as int64)."""
     valid = slot_mapping >= 0

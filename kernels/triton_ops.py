@@ -13,6 +13,7 @@ from kernels.interpreter_compat import patch_interpreter_index
 from kernels.kv_cache import store_kvcache
 from kernels.paged_attention_decode import paged_attention_decode
 from kernels.paged_attention_prefill import paged_attention_prefill
+from kernels.qk_norm_rope_store import qk_norm_rope_store
 from kernels.rms_norm import fused_add_rms_norm, rms_norm
 from kernels.rotary import rotary_embedding
 
@@ -28,6 +29,7 @@ __all__ = [
     "fused_add_rms_norm",
     "paged_attention_decode",
     "paged_attention_prefill",
+    "qk_norm_rope_store",
     "rms_norm",
     "rotary_embedding",
     "silu_and_mul",

@@ -72,15 +72,13 @@ class Attention(nn.Module):
         rope_cache: torch.Tensor,
     ) -> torch.Tensor:
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(n, self.num_heads, self.head_dim)
-        k = k.reshape(n, self.num_kv_heads, self.head_dim)
-        v = v.reshape(n, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        ops.rotary_embedding(positions, q, k, rope_cache)
         k_cache, v_cache = kv_cache
-        ops.store_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
+        norms = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
+        eps = 0.0 if self.q_norm is None else self.q_norm.eps
+        q = ops.qk_norm_rope_store(
+            self.qkv_proj(x), positions, rope_cache, k_cache, v_cache, ctx.slot_mapping,
+            self.num_heads, self.num_kv_heads, *norms, eps,
+        )  # fmt: skip
         if ctx.is_decode:
             o = ops.paged_attention_decode(
                 q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale,
@@ -164,5 +162,7 @@ class CausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits in the model's dtype: the greedy path takes their argmax as they are (the
+        same index as in fp32, since widening is exact), the sampler widens them first."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.matmul(hidden, weight.t()).float()
+        return torch.matmul(hidden, weight.t())
