@@ -193,7 +193,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden)
         if all(self.greedy_only(r) for r in sampled_reqs):
             return self._greedy(logits, sampled_reqs)
-        sampled = self.sampler(logits, sampled_reqs)
+        sampled = self.sampler(logits.float(), sampled_reqs)
         return StepHandle(
             sampled_reqs, results={req.request_id: s for req, s in zip(sampled_reqs, sampled)}
         )
