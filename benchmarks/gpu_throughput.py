@@ -141,6 +141,7 @@ def profile(
     import cProfile
     import pstats
 
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -162,9 +163,14 @@ def profile(
     )
     pstats.Stats(prof).sort_stats("tottime").print_stats(18)
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+        start = time.perf_counter()
         llm.generate(inputs, params, use_tqdm=False)
-    print("== torch profiler, by GPU time")
-    print(tp.key_averages().table(sort_by="self_cuda_time_total", row_limit=15))
+        wall = time.perf_counter() - start
+    events = tp.key_averages()
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    busy = sum(e.self_device_time_total for e in kernels) / 1e6
+    print(f"== torch profiler: GPU kernels busy {busy:.2f} s of {wall:.2f} s wall, by GPU time")
+    print(events.table(sort_by="self_cuda_time_total", row_limit=25))
     del llm
     torch.cuda.empty_cache()
 

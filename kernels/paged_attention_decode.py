@@ -217,6 +217,39 @@ def _decode_planned_reduce_kernel(
              mask=d_mask)  # fmt: skip
 
 
+@triton.jit
+def _decode_planned_reduce_seq_kernel(
+    o_ptr, part_o_ptr, part_lse_ptr, plan_ptr, o_seq_start, stride_ob, stride_oh, num_heads,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    """Merges sequence ``b``'s items for all its heads at once, one item per iteration (a
+    sequence has few items: a grid of one program per sequence fills the GPU in one wave)."""
+    b = tl.program_id(0).to(tl.int64)
+    first = tl.load(plan_ptr + o_seq_start + b)
+    last = tl.load(plan_ptr + o_seq_start + b + 1)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_mask = offs_h < num_heads
+    mask = h_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    m = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
+    denom = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for item in range(first, last):
+        row = item * num_heads + offs_h
+        lse = tl.load(part_lse_ptr + row, mask=h_mask, other=float("-inf"))
+        parts = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask,
+                        other=0.0)  # fmt: skip
+        m_new = tl.maximum(m, lse)
+        alpha = tl.exp2(m - m_new)
+        w = tl.exp2(lse - m_new)
+        acc = acc * alpha[:, None] + parts * w[:, None]
+        denom = denom * alpha + w
+        m = m_new
+    out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+    o_off = b * stride_ob + offs_h[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=mask)
+
+
 def _decode_config(q: torch.Tensor, planned: bool = False) -> dict[str, int]:
     if not q.is_cuda:
         return {"block_n": 16, "num_warps": 4, "num_stages": 1}
@@ -320,6 +353,13 @@ def _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
+    if cfg.get("reduce_per_seq"):
+        _decode_planned_reduce_seq_kernel[(batch,)](
+            out, part_o, part_lse, plan.device, o_seq, out.stride(0), out.stride(1), num_heads,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=triton.next_power_of_2(num_heads),
+            num_warps=4,
+        )  # fmt: skip
+        return out
     _decode_planned_reduce_kernel[(batch, num_heads)](
         out, part_o, part_lse, plan.device, o_seq, out.stride(0), out.stride(1), num_heads,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=16, num_warps=4,

@@ -134,8 +134,9 @@ def test_decode_cuda_graph_replay(tops, dtype, device):
 
 
 @pytest.mark.parametrize("num_programs", [1, 3, 64])
-@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (8, 1)])
-def test_decode_planned(tops, dtype, device, num_programs, heads, kv_heads):
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (8, 1), (6, 3)])
+@pytest.mark.parametrize("reduce_per_seq", [False, True], ids=["reduce_per_head", "reduce_per_seq"])
+def test_decode_planned(tops, dtype, device, num_programs, heads, kv_heads, reduce_per_seq):
     """A plan cuts the live contexts into equal chunks; padding rows past the batch get zeros."""
     from kernels.decode_split import DecodePlan, plan_workspace_numel
 
@@ -153,7 +154,7 @@ def test_decode_planned(tops, dtype, device, num_programs, heads, kv_heads):
         out = torch.full_like(q, float("nan"))
         tops.paged_attention_decode(
             q, k_cache, v_cache, tab, lens, head_dim**-0.5, out=out, plan=plan,
-            workspace=workspace,
+            workspace=workspace, config={"reduce_per_seq": reduce_per_seq},
         )  # fmt: skip
         n = len(lens_now)
         ref = reference.paged_attention_decode(
