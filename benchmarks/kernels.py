@@ -28,8 +28,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import reference  # noqa: E402
-from kernels import triton_ops as tops  # noqa: E402
+from engine_kernels import reference  # noqa: E402
+from engine_kernels import triton_ops as tops  # noqa: E402
 
 SMALL = "--small" in sys.argv
 DEV = torch.device("cpu" if SMALL else "cuda")
@@ -228,7 +228,7 @@ def _prefill_inputs(dim: int):
 
 
 def _prefill_sweep_configs(dim: int) -> list[dict]:
-    from kernels.paged_attention_prefill import CANDIDATE_CONFIGS, default_config
+    from engine_kernels.paged_attention_prefill import CANDIDATE_CONFIGS, default_config
 
     if SMALL:
         cfg = default_config(torch.empty(0))

@@ -6,8 +6,8 @@ a step copies its inputs into the buffers' first rows, pads the rest (slot -1: n
 context length 1: a cheap dummy read) and replays the smallest graph that fits.
 
 The decode attention runs on a ``DecodePlan``: a fixed grid whose work is cut on the host, each
-step, from the live context lengths (see ``kernels/decode_split.py``), so a graph captured once
-serves short and long contexts alike at full width.
+step, from the live context lengths (see ``engine_kernels/decode_split.py``), so a graph
+captured once serves short and long contexts alike at full width.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from kernels.decode_split import DecodePlan, default_plan_programs, plan_workspace_numel
+from engine_kernels.decode_split import DecodePlan, default_plan_programs, plan_workspace_numel
 from reference_engine.models import CausalLM, ForwardContext
 
 # REFERENCE_ENGINE_DECODE_PLAN=0 (for comparisons): the split decode sized from the block

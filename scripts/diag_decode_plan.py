@@ -11,9 +11,9 @@ import sys
 import torch
 import triton.testing
 
-from kernels import reference
-from kernels import triton_ops as tops
-from kernels.decode_split import DecodePlan, plan_workspace_numel
+from engine_kernels import reference
+from engine_kernels import triton_ops as tops
+from engine_kernels.decode_split import DecodePlan, plan_workspace_numel
 
 kind = sys.argv[1] if len(sys.argv) > 1 else "random"
 B, H, KVH, D, nb = 256, 16, 8, 128, 40000

@@ -15,8 +15,8 @@ import torch
 import triton.testing
 
 from benchmarks.gpu_throughput import workload
-from kernels import triton_ops as tops
-from kernels.decode_split import DecodePlan, plan_workspace_numel
+from engine_kernels import triton_ops as tops
+from engine_kernels.decode_split import DecodePlan, plan_workspace_numel
 
 H, KVH, D, PAGE, LAYERS, WIDTH = 16, 8, 128, 16, 28, 256
 

@@ -1,6 +1,6 @@
 """One decoder for the Llama family: Llama (GQA), Qwen2 (qkv bias), Qwen3 (q/k norm, tied head).
 
-Every attention and cache operation goes through ``kernels.ops``, the seam where the Triton
+Every attention and cache operation goes through ``engine_kernels.ops``, the seam where the Triton
 kernels replace the PyTorch references on CUDA.
 """
 
@@ -12,14 +12,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels import ops, reference
+from engine_kernels import ops, reference
 from reference_engine.config import ModelConfig
 from reference_engine.models.rope import cos_sin_cache
 
 
 @dataclass
 class ForwardContext:
-    """Where this step's tokens go in the paged KV cache (shapes: ``kernels/reference.py``)."""
+    """Where this step's tokens go in the paged KV cache (shapes: engine_kernels/reference.py)."""
 
     slot_mapping: torch.Tensor
     block_tables: torch.Tensor
@@ -28,7 +28,7 @@ class ForwardContext:
     is_decode: bool  # every sequence has exactly one new token
     max_query_len: int = 1
     max_seq_len: int = 0
-    decode_plan: Any = None  # a kernels.decode_split.DecodePlan for the decode kernel, or None
+    decode_plan: Any = None  # an engine_kernels.decode_split.DecodePlan for the decode kernel
     decode_workspace: torch.Tensor | None = None
 
 

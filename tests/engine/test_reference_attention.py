@@ -5,7 +5,7 @@ per-sequence attention on fresh random paged inputs."""
 import pytest
 import torch
 
-from kernels import reference
+from engine_kernels import reference
 
 
 def naive_attention(q, k_cache, v_cache, tables, seq_lens, q_lens, scale):

@@ -12,7 +12,7 @@ import torch
 from tests.kernels.helpers import DTYPES, ON_GPU
 
 if not torch.cuda.is_available():
-    # Must precede the first import of triton.jit kernels (kernels.triton_ops).
+    # Must precede the first import of triton.jit kernels (engine_kernels.triton_ops).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
@@ -29,12 +29,12 @@ def device() -> torch.device:
 
 @pytest.fixture
 def tops():
-    """The Triton kernels (``kernels.triton_ops``), skipped where they cannot run."""
+    """The Triton kernels (``engine_kernels.triton_ops``), skipped where they cannot run."""
     pytest.importorskip("triton")
-    from kernels import triton_ops
+    from engine_kernels import triton_ops
 
     if not ON_GPU and not triton_ops.INTERPRETED:
-        pytest.skip("no GPU, and kernels.triton_ops was imported before TRITON_INTERPRET=1")
+        pytest.skip("no GPU, and engine_kernels.triton_ops was imported before TRITON_INTERPRET=1")
     return triton_ops
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from engine_kernels import reference
 
 
 @pytest.mark.parametrize("tokens", [0, 1, 19])

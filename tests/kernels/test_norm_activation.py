@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from engine_kernels import reference
 from tests.kernels.helpers import ON_GPU, assert_close
 
 ROWS_HIDDEN = [(1, 64), (7, 96), (33, 128), (5, 1000)] + ([(4097, 4096)] if ON_GPU else [])

@@ -1,10 +1,10 @@
-"""``kernels.ops`` picks the reference off CUDA and when REFERENCE_ENGINE_KERNELS=reference."""
+"""``engine_kernels.ops`` takes the reference off CUDA or if REFERENCE_ENGINE_KERNELS=reference."""
 
 from __future__ import annotations
 
 import torch
 
-from kernels import ops, reference
+from engine_kernels import ops, reference
 
 
 def test_cpu_calls_take_the_reference():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from engine_kernels import reference
 from tests.kernels.helpers import ON_GPU, assert_close, paged_kv_cache
 
 GQA = [(2, 2), (4, 2), (4, 1), (8, 1)]  # (query heads, kv heads): ratios 1, 2, 4, 8
@@ -138,7 +138,7 @@ def test_decode_cuda_graph_replay(tops, dtype, device):
 @pytest.mark.parametrize("reduce_per_seq", [False, True], ids=["reduce_per_head", "reduce_per_seq"])
 def test_decode_planned(tops, dtype, device, num_programs, heads, kv_heads, reduce_per_seq):
     """A plan cuts the live contexts into equal chunks; padding rows past the batch get zeros."""
-    from kernels.decode_split import DecodePlan, plan_workspace_numel
+    from engine_kernels.decode_split import DecodePlan, plan_workspace_numel
 
     lens_list = DECODE_LENS + [300, 129, 128]
     head_dim = 64

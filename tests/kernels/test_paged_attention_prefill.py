@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from engine_kernels import reference
 from tests.kernels.helpers import ON_GPU, assert_close, paged_kv_cache
 
 
@@ -22,7 +22,7 @@ def _cfg(block_m, block_n, loop, num_warps=4, num_stages=1):
 
 def _configs(head_dim: int) -> list[dict]:
     if ON_GPU:
-        from kernels.paged_attention_prefill import CANDIDATE_CONFIGS
+        from engine_kernels.paged_attention_prefill import CANDIDATE_CONFIGS
 
         return CANDIDATE_CONFIGS[64 if head_dim <= 64 else 128]
     return [_cfg(16, 16, 0), _cfg(16, 16, 1), _cfg(32, 16, 0), _cfg(16, 32, 1), _cfg(32, 8, 0)]
@@ -90,7 +90,7 @@ def test_prefill_never_reads_unused_slots(tops, dtype, device, block_size, loop)
     )
     cfg = None if ON_GPU else _cfg(16, 16, loop)
     if ON_GPU:
-        from kernels.paged_attention_prefill import CUDA_CONFIGS
+        from engine_kernels.paged_attention_prefill import CUDA_CONFIGS
 
         cfg = {**CUDA_CONFIGS[64], "loop": loop}
     out = torch.full_like(q, float("nan"))

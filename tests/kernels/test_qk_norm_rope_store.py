@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from engine_kernels import reference
 from tests.kernels.helpers import ON_GPU, assert_close
 from tests.kernels.test_rotary import cos_sin_cache
 

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from triton import knobs
 
-from kernels.activation import silu_and_mul
-from kernels.decode_split import decode_workspace, decode_workspace_numel, default_num_splits
-from kernels.interpreter_compat import patch_interpreter_index
-from kernels.kv_cache import store_kvcache
-from kernels.paged_attention_decode import paged_attention_decode
-from kernels.paged_attention_prefill import paged_attention_prefill
-from kernels.qk_norm_rope_store import qk_norm_rope_store
-from kernels.rms_norm import fused_add_rms_norm, rms_norm
-from kernels.rotary import rotary_embedding
+from engine_kernels.activation import silu_and_mul
+from engine_kernels.decode_split import decode_workspace, decode_workspace_numel, default_num_splits
+from engine_kernels.interpreter_compat import patch_interpreter_index
+from engine_kernels.kv_cache import store_kvcache
+from engine_kernels.paged_attention_decode import paged_attention_decode
+from engine_kernels.paged_attention_prefill import paged_attention_prefill
+from engine_kernels.qk_norm_rope_store import qk_norm_rope_store
+from engine_kernels.rms_norm import fused_add_rms_norm, rms_norm
+from engine_kernels.rotary import rotary_embedding
 
 INTERPRETED: bool = bool(knobs.runtime.interpret)
 if INTERPRETED:

@@ -2,8 +2,8 @@
 
 A call takes the Triton kernel when its first tensor is on CUDA, ``triton`` imports, and the
 environment variable ``REFERENCE_ENGINE_KERNELS`` is not ``reference`` (read at each call);
-otherwise the PyTorch reference in ``kernels/reference.py``. The Triton modules are imported on
-the first CUDA call only, so the CPU path never imports triton.
+otherwise the PyTorch reference in ``engine_kernels/reference.py``. The Triton modules are
+imported on the first CUDA call only, so the CPU path never imports triton.
 
 Every function keeps the reference's signature. Keyword-only extras are used by the Triton path
 and ignored by the reference:
@@ -29,8 +29,8 @@ from types import ModuleType
 
 import torch
 
-from kernels import reference
-from kernels.decode_split import (
+from engine_kernels import reference
+from engine_kernels.decode_split import (
     DecodePlan,
     decode_workspace,
     decode_workspace_numel,
@@ -47,7 +47,7 @@ def _backend(t: torch.Tensor) -> ModuleType:
         return reference
     if _triton is None:
         try:
-            from kernels import triton_ops
+            from engine_kernels import triton_ops
         except ImportError:
             _triton_failed = True
             return reference
@@ -58,7 +58,7 @@ def _backend(t: torch.Tensor) -> ModuleType:
 def triton_available() -> bool:
     """True when the Triton kernels import (CUDA calls then use them)."""
     try:
-        import kernels.triton_ops  # noqa: F401
+        import engine_kernels.triton_ops  # noqa: F401
     except ImportError:
         return False
     return True

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.decode_split import (
+from engine_kernels.decode_split import (
     PLAN_UNIT,
     DecodePlan,
     decode_workspace_numel,

@@ -1,5 +1,0 @@
-"""Kernels the reference engine calls: Triton on CUDA, the PyTorch references elsewhere.
-
-``from kernels import ops`` gives one function per kernel; each picks its implementation from
-the device of its first tensor argument (see ``kernels/ops.py``).
-"""
