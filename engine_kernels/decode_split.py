@@ -60,10 +60,12 @@ PLAN_MIN_UNITS = 4  # a chunk spans at least this many units (shorter ones cost 
 
 
 def default_plan_programs(num_kv_heads: int, device: torch.device) -> int:
-    """Chunks per KV head: about eight programs per multiprocessor in all, so that the
-    hardware's block scheduler balances what static chunking leaves over."""
+    """Chunks per KV head: about four programs per multiprocessor in all, so that the hardware's
+    block scheduler balances what static chunking leaves over. On the H200, over the steps of
+    the throughput workload, four beat eight and sixteen (fewer items to reduce, and fewer
+    pipelines to fill; scripts/diag_decode_workload.py)."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
-    return max(1, 8 * sms // max(num_kv_heads, 1))
+    return max(1, 4 * sms // max(num_kv_heads, 1))
 
 
 class DecodePlan:

@@ -182,48 +182,12 @@ def _decode_planned_kernel(
 @triton.jit
 def _decode_planned_reduce_kernel(
     o_ptr, part_o_ptr, part_lse_ptr, plan_ptr, o_seq_start, stride_ob, stride_oh, num_heads,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-):  # fmt: skip
-    """Merges sequence ``b``'s items (rows ``seq_start[b]..seq_start[b + 1]``) for head ``h``;
-    a sequence without items (empty, or a padding row) gets zeros."""
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    first = tl.load(plan_ptr + o_seq_start + b)
-    last = tl.load(plan_ptr + o_seq_start + b + 1)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    m = tl.full([1], -1.0e30, dtype=tl.float32)
-    denom = tl.zeros([1], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for i0 in range(first, last, BLOCK_S):
-        items = i0 + offs_s
-        s_mask = items < last
-        row = items * num_heads + h
-        lse = tl.load(part_lse_ptr + row, mask=s_mask, other=float("-inf"))
-        m_new = tl.maximum(m, tl.max(lse, axis=0))
-        alpha = tl.exp2(m - m_new)
-        w = tl.exp2(lse - m_new)
-        parts = tl.load(
-            part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
-            mask=s_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )
-        acc = acc * alpha + tl.sum(parts * w[:, None], axis=0)
-        denom = denom * alpha + tl.sum(w, axis=0)
-        m = m_new
-    out = acc / tl.where(denom > 0, denom, 1.0)
-    tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty),
-             mask=d_mask)  # fmt: skip
-
-
-@triton.jit
-def _decode_planned_reduce_seq_kernel(
-    o_ptr, part_o_ptr, part_lse_ptr, plan_ptr, o_seq_start, stride_ob, stride_oh, num_heads,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
-    """Merges sequence ``b``'s items for all its heads at once, one item per iteration (a
-    sequence has few items: a grid of one program per sequence fills the GPU in one wave)."""
+    """Merges sequence ``b``'s items (rows ``seq_start[b]..seq_start[b + 1]``) for all its heads,
+    one item per iteration; a sequence without items (empty, or a padding row) gets zeros. One
+    program per sequence: on the H200 this cut the reduction's share of a decode layer by
+    about half against one program per (sequence, head) (scripts/diag_decode_workload.py)."""
     b = tl.program_id(0).to(tl.int64)
     first = tl.load(plan_ptr + o_seq_start + b)
     last = tl.load(plan_ptr + o_seq_start + b + 1)
@@ -353,15 +317,9 @@ def _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
-    if cfg.get("reduce_per_seq"):
-        _decode_planned_reduce_seq_kernel[(batch,)](
-            out, part_o, part_lse, plan.device, o_seq, out.stride(0), out.stride(1), num_heads,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=triton.next_power_of_2(num_heads),
-            num_warps=4,
-        )  # fmt: skip
-        return out
-    _decode_planned_reduce_kernel[(batch, num_heads)](
+    _decode_planned_reduce_kernel[(batch,)](
         out, part_o, part_lse, plan.device, o_seq, out.stride(0), out.stride(1), num_heads,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=16, num_warps=4,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=triton.next_power_of_2(num_heads),
+        num_warps=4,
     )  # fmt: skip
     return out

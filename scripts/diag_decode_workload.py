@@ -37,14 +37,15 @@ def main() -> None:
     copy_ms = triton.testing.do_bench(functools.partial(buf[1 << 29 :].copy_, buf[: 1 << 29]))
     bandwidth = 2 * (1 << 29) / copy_ms / 1e6  # GB/s, bytes read + written
     del buf
-    plans = {f"planned {k}/SM": DecodePlan(256, k * sms // KVH, dev) for k in (4, 8, 16)}
+    plans = {f"planned {k}/SM": DecodePlan(256, k * sms // KVH, dev) for k in (2, 4, 8)}
     wss = {
         name: torch.empty(plan_workspace_numel(p.max_items, H, D), device=dev)
         for name, p in plans.items()
     }
     # name -> (plan or None for the split decode, config overrides)
     variants = {name: (name, {}) for name in plans}
-    variants["planned 8/SM, reduce per sequence"] = ("planned 8/SM", {"reduce_per_seq": True})
+    variants["planned 4/SM, 3 stages"] = ("planned 4/SM", {"num_stages": 3})
+    variants["planned 2/SM"] = ("planned 2/SM", {})
     variants["split (default)"] = (None, {})
     names = list(variants)
     print(f"copy {bandwidth:,.0f} GB/s; {nb} blocks; times: one layer, do_bench median (cold L2)")
@@ -55,7 +56,10 @@ def main() -> None:
     for t in range(0, max(outs), args.every):
         lens = [p + t + 1 for p, o in zip(plens, outs) if o > t]
         n = len(lens)
-        perm = torch.randperm(nb, device=dev)[: n * WIDTH].view(n, WIDTH).to(torch.int32)
+        need = torch.tensor([-(-x // PAGE) for x in lens], device=dev)
+        perm = torch.zeros(n, WIDTH, dtype=torch.int32, device=dev)  # pages in random order
+        used = torch.arange(WIDTH, device=dev)[None, :] < need[:, None]
+        perm[used] = torch.randperm(nb, device=dev)[: int(need.sum())].to(torch.int32)
         seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
         q = torch.randn(n, H, D, dtype=torch.bfloat16, device=dev)
         nbytes = sum(lens) * KVH * D * 2 * 2

@@ -135,8 +135,7 @@ def test_decode_cuda_graph_replay(tops, dtype, device):
 
 @pytest.mark.parametrize("num_programs", [1, 3, 64])
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (8, 1), (6, 3)])
-@pytest.mark.parametrize("reduce_per_seq", [False, True], ids=["reduce_per_head", "reduce_per_seq"])
-def test_decode_planned(tops, dtype, device, num_programs, heads, kv_heads, reduce_per_seq):
+def test_decode_planned(tops, dtype, device, num_programs, heads, kv_heads):
     """A plan cuts the live contexts into equal chunks; padding rows past the batch get zeros."""
     from engine_kernels.decode_split import DecodePlan, plan_workspace_numel
 
@@ -154,7 +153,7 @@ def test_decode_planned(tops, dtype, device, num_programs, heads, kv_heads, redu
         out = torch.full_like(q, float("nan"))
         tops.paged_attention_decode(
             q, k_cache, v_cache, tab, lens, head_dim**-0.5, out=out, plan=plan,
-            workspace=workspace, config={"reduce_per_seq": reduce_per_seq},
+            workspace=workspace,
         )  # fmt: skip
         n = len(lens_now)
         ref = reference.paged_attention_decode(
