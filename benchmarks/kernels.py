@@ -182,6 +182,44 @@ def bench_store_kvcache(bw: float) -> list[Row]:
     ]  # fmt: skip
 
 
+def bench_qk_norm_rope_store(bw: float) -> list[Row]:
+    """Qwen3's attention input side: per-head q/k RMSNorm, rotary, K/V to scattered slots; the
+    peer is the same done by the separate Triton kernels (what the model ran before)."""
+    tokens, heads, kv_heads, dim, page = size(65536, 7), 16, 8, 128, 16
+    num_blocks = 2 * triton.cdiv(tokens, page)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, dtype=BF16, device=DEV)
+    wq = torch.rand(dim, dtype=BF16, device=DEV) + 0.5
+    wk = torch.rand(dim, dtype=BF16, device=DEV) + 0.5
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=DEV, dtype=torch.float32) / dim))
+    freqs = torch.outer(torch.arange(32768, device=DEV, dtype=torch.float32), inv)
+    cache = torch.cat((freqs.cos(), freqs.sin()), -1)
+    pos = torch.randint(0, 32768, (tokens,), device=DEV)
+    kc = torch.zeros(num_blocks, page, kv_heads, dim, dtype=BF16, device=DEV)
+    vc = torch.zeros_like(kc)
+    slots = torch.randperm(num_blocks * page, device=DEV)[:tokens]
+    args = (pos, cache, kc, vc, slots, heads, kv_heads, wq, wk, 1e-6)
+    kc2, vc2 = kc.clone(), vc.clone()
+    q = tops.qk_norm_rope_store(qkv, *args)
+    q2 = reference.qk_norm_rope_store(qkv.clone(), pos, cache, kc2, vc2, *args[4:])
+    err = max(rel_err(q, q2), rel_err(kc, kc2), rel_err(vc, vc2))
+
+    def unfused():
+        qs, ks, vs = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+        qn = tops.rms_norm(qs.reshape(tokens, heads, dim), wq, 1e-6)
+        kn = tops.rms_norm(ks.reshape(tokens, kv_heads, dim), wk, 1e-6)
+        tops.rotary_embedding(pos, qn, kn, cache)
+        tops.store_kvcache(kn, vs.reshape(tokens, kv_heads, dim), kc, vc, slots)
+
+    # qkv read once; q, k and v written once; cos/sin (fp32) read per token.
+    nbytes = 2 * tokens * (heads + 2 * kv_heads) * dim * 2 + tokens * dim * 4
+    return [
+        bw_row("qk_norm_rope_store", f"{tokens} tok, {heads}/{kv_heads}x{dim} bf16, q/k norm",
+               bench(lambda: tops.qk_norm_rope_store(qkv, *args)), nbytes, bw, err,
+               bench(lambda: reference.qk_norm_rope_store(qkv.clone(), *args)),
+               "the unfused Triton kernels", bench(unfused))
+    ]  # fmt: skip
+
+
 # ---------------------------------------------------------------- attention
 
 
@@ -410,6 +448,7 @@ def main() -> None:
         "silu": lambda: bench_silu_and_mul(bw),
         "rotary": lambda: bench_rotary(bw),
         "kv_store": lambda: bench_store_kvcache(bw),
+        "qk_norm_rope_store": lambda: bench_qk_norm_rope_store(bw),
         "decode": lambda: bench_decode(bw, args.sweep),
         "prefill": lambda: bench_prefill(tflops, args.sweep),
     }
