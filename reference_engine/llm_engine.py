@@ -262,7 +262,7 @@ class LLMEngine:
                 return ("stop", None)
             if tok in p.stop_token_ids:
                 return ("stop", tok)
-        if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:
+        if req.tokens_left(self.max_model_len) <= 0:
             return ("length", None)
         return None
 

@@ -64,6 +64,12 @@ class Request:
     def max_tokens(self) -> int:
         return self.params.max_tokens if self.params.max_tokens is not None else 1 << 62
 
+    def tokens_left(self, max_model_len: int) -> int:
+        """How many more tokens this request may generate before it stops for length: the
+        tighter of ``max_tokens`` and the model length. The one rule for the engine's length
+        stop, the scheduler's step ahead and the drafter's room."""
+        return min(self.max_tokens - self.num_output_tokens, max_model_len - self.num_tokens)
+
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)

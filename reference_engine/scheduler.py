@@ -142,10 +142,7 @@ class Scheduler:
             n = in_flight.num_scheduled_tokens[req.request_id]
             if req.num_computed_tokens + n < req.num_tokens:
                 return SchedulerOutput()  # a prompt chunk: nothing sampled in flight
-            if (
-                req.num_output_tokens + 1 >= req.max_tokens
-                or req.num_tokens + 1 >= self.max_model_len
-            ):
+            if req.tokens_left(self.max_model_len) <= 1:
                 continue  # stops at the in-flight step for sure
             if not decodes_ahead(req):
                 return SchedulerOutput()  # a token the host must sample first
@@ -161,7 +158,7 @@ class Scheduler:
         if self.proposer is None or req.num_tokens - req.num_computed_tokens != 1:
             return
         # Never draft past max_tokens or the model length: those tokens could not be kept.
-        room = min(req.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens) - 1
+        room = req.tokens_left(self.max_model_len) - 1
         if room > 0:
             req.spec_token_ids = self.proposer.propose(req.all_token_ids)[:room]
 

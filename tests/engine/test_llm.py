@@ -230,3 +230,23 @@ def test_missing_weights_are_named(tmp_path):
 def test_unknown_engine_argument_is_a_type_error():
     with pytest.raises(TypeError, match="no_such_arg"):
         LLM(str(model_path()), no_such_arg=1)
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [{}, {"async_scheduling": True}, {"speculative_config": NGRAM}],
+    ids=["stepwise", "overlapped", "ngram"],
+)
+def test_generation_stops_exactly_at_the_model_length(mode):
+    # A repetitive prompt three tokens short of max_model_len, so the n-gram drafter has matches
+    # to offer: whatever a mode drafts or schedules ahead, it must stop at the limit itself.
+    max_model_len = 64
+    llm = LLM(str(model_path("tiny-qwen3")), max_model_len=max_model_len, **mode)
+    prompt = {"prompt_token_ids": [7, 8, 9] * 20 + [7]}
+    (o,) = llm.generate([prompt], SamplingParams(temperature=0, ignore_eos=True), use_tqdm=False)
+    assert len(prompt["prompt_token_ids"]) + len(o.outputs[0].token_ids) == max_model_len
+    assert o.outputs[0].finish_reason == "length"
+    assert_idle(llm)
