@@ -10,8 +10,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_stream_and_abort_example():
     out = subprocess.run(
-        [sys.executable, "examples/stream_and_abort.py"], cwd=ROOT, capture_output=True,
-        text=True, timeout=120, check=True,
+        [sys.executable, "examples/stream_and_abort.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
     assert "b finished with: abort" in out
     stats = out.strip().splitlines()[-1]

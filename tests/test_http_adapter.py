@@ -54,6 +54,12 @@ def test_text_without_token_ids_is_a_clear_error() -> None:
         parse_choice({"text": "hi", "finish_reason": None})
     with pytest.raises(ValueError, match="return_tokens_as_token_ids"):
         parse_choice(
-            {"text": "hi", "logprobs": {"tokens": ["hi"], "token_logprobs": [-1.0],
-                                        "top_logprobs": [{"hi": -1.0}]}}  # fmt: skip
+            {
+                "text": "hi",
+                "logprobs": {
+                    "tokens": ["hi"],
+                    "token_logprobs": [-1.0],
+                    "top_logprobs": [{"hi": -1.0}],
+                },
+            }  # fmt: skip
         )

@@ -16,7 +16,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "dtype" in metafunc.fixturenames:
         metafunc.parametrize("dtype", DTYPES, ids=[str(d).removeprefix("torch.") for d in DTYPES])
