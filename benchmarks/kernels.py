@@ -30,6 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine_kernels import reference  # noqa: E402
 from engine_kernels import triton_ops as tops  # noqa: E402
+from engine_kernels.decode_split import (  # noqa: E402
+    DecodePlan,
+    default_plan_programs,
+    plan_workspace_numel,
+)
 
 SMALL = "--small" in sys.argv
 DEV = torch.device("cpu" if SMALL else "cuda")
@@ -357,11 +362,13 @@ def bench_decode(bw: float, sweep: bool) -> list[Row]:
     rows = []
     cases = [(2, 64)] if SMALL else [(64, 4096), (16, 16384), (256, 1024)]
     for batch, length in cases:
-        rows.append(_bench_decode_case(bw, batch, length, sweep and batch in (2, 64, 16)))
+        rows += _bench_decode_case(bw, batch, length, sweep and batch in (2, 64, 16))
     return rows
 
 
-def _bench_decode_case(bw: float, batch: int, length: int, sweep: bool) -> Row:
+def _bench_decode_case(bw: float, batch: int, length: int, sweep: bool) -> list[Row]:
+    """Two rows: the split decode (one grid per sequence x KV head x split) and the planned
+    decode, the engine's default on CUDA (the total context cut into equal chunks)."""
     heads, kv_heads, dim, page = 32, 8, 128, 16
     group = heads // kv_heads
     k4 = torch.randn(batch, kv_heads, length, dim, dtype=BF16, device=DEV)
@@ -408,7 +415,23 @@ def _bench_decode_case(bw: float, batch: int, length: int, sweep: bool) -> Row:
     shape = f"{batch} seq x {length} ctx, {heads}/{kv_heads} heads, d{dim}, page {page}"
     row = bw_row("paged_attention_decode", shape, ms, nbytes, bw, err, ref_ms, peer, peer_ms)
     row.extra = extra
-    return row
+
+    plan = DecodePlan(batch, default_plan_programs(kv_heads, DEV), DEV)
+    plan.fill([length] * batch)
+    plan.device.copy_(plan.host)
+    workspace = torch.empty(plan_workspace_numel(plan.max_items, heads, dim), device=DEV)
+
+    def planned():
+        return tops.paged_attention_decode(
+            q, kc, vc, tables, lens, scale, plan=plan, workspace=workspace
+        )
+
+    err = max(rel_err(planned(), truth), rel_err(planned(), reference.paged_attention_decode(
+        q, kc, vc, tables, lens, scale)))  # fmt: skip
+    ms = bench(planned)
+    planned_row = bw_row("decode (planned)", shape, ms, nbytes, bw, err, ref_ms, peer, peer_ms)
+    planned_row.extra = {"num_programs": plan.num_programs}
+    return [row, planned_row]
 
 
 # ---------------------------------------------------------------- report
