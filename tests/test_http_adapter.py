@@ -61,5 +61,5 @@ def test_text_without_token_ids_is_a_clear_error() -> None:
                     "token_logprobs": [-1.0],
                     "top_logprobs": [{"hi": -1.0}],
                 },
-            }  # fmt: skip
+            }
         )
