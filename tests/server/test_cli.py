@@ -48,7 +48,7 @@ def test_serve_drains_then_aborts_on_sigterm(tmp_path):
         "--num-kv-blocks",
         "160",
         "--shutdown-timeout",
-        "1.5",
+        "0.25",
         "--served-model-name",
         "tiny",
     ]
@@ -68,10 +68,13 @@ def test_serve_drains_then_aborts_on_sigterm(tmp_path):
         )
         url = logged_url()
         assert url, "the server did not start"
+        # The drain is 0.25 s: ample for the short request's few tokens, while the long one's
+        # 2,000 would need under 0.125 ms a token (a single stream takes about 0.5 ms a token
+        # offline on a fast 2-core machine; with a 1.5 s drain it once finished in time).
         short, long = {}, {}
         threads = [
             threading.Thread(target=_stream, args=(url, n, res))
-            for n, res in ((40, short), (2000, long))
+            for n, res in ((16, short), (2000, long))
         ]
         for t in threads:
             t.start()
