@@ -176,8 +176,20 @@ async def test_abort_mid_decode_frees_blocks_and_leaves_others_unchanged(engine,
     await assert_idle(engine)
 
 
-async def test_abort_while_queued_during_prefill_and_by_list(engine):
-    long_prompt = load_prompts("long")[-1]  # > 1000 tokens: many 64-token prefill chunks
+async def test_abort_while_queued_during_prefill_and_by_list():
+    # 16-token chunks: the > 1000-token prompt takes over 60 steps to prefill, so the abort lands
+    # during its prefill with a wide margin (at 64 tokens a step a fast machine came close to
+    # finishing the prefill in the few milliseconds the test takes to react).
+    args = {**ARGS, "max_num_batched_tokens": 16}
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(model_path()), **args))
+    try:
+        await _abort_while_queued_during_prefill_and_by_list(engine)
+    finally:
+        engine.shutdown()
+
+
+async def _abort_while_queued_during_prefill_and_by_list(engine):
+    long_prompt = load_prompts("long")[-1]
     prefill = asyncio.create_task(collect(engine, long_prompt, LONG, "prefill"))
     await wait_until(lambda: engine.get_stats().num_steps >= 1)
     assert (
