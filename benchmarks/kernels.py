@@ -408,8 +408,12 @@ def _bench_decode_case(bw: float, batch: int, length: int, sweep: bool) -> list[
                 extra["sweep"].append({"splits": splits, **cfg, "ms": ms, "err": err})
     splits = tops.default_num_splits(batch, kv_heads, tables.shape[1] * page, DEV)
     extra["default_splits"] = splits
-    err = max(rel_err(ours(), truth), rel_err(ours(), reference.paged_attention_decode(
-        q, kc, vc, tables, lens, scale)))  # fmt: skip
+    ref_out = reference.paged_attention_decode(q, kc, vc, tables, lens, scale)
+
+    def worst_err(fn: Callable[[], torch.Tensor]) -> float:
+        return max(rel_err(fn(), truth), rel_err(fn(), ref_out))
+
+    err = worst_err(ours)
     ref_ms = bench(lambda: reference.paged_attention_decode(q, kc, vc, tables, lens, scale), 50)
     ms = bench(ours)
     shape = f"{batch} seq x {length} ctx, {heads}/{kv_heads} heads, d{dim}, page {page}"
@@ -426,10 +430,10 @@ def _bench_decode_case(bw: float, batch: int, length: int, sweep: bool) -> list[
             q, kc, vc, tables, lens, scale, plan=plan, workspace=workspace
         )
 
-    err = max(rel_err(planned(), truth), rel_err(planned(), reference.paged_attention_decode(
-        q, kc, vc, tables, lens, scale)))  # fmt: skip
     ms = bench(planned)
-    planned_row = bw_row("decode (planned)", shape, ms, nbytes, bw, err, ref_ms, peer, peer_ms)
+    planned_row = bw_row(
+        "decode (planned)", shape, ms, nbytes, bw, worst_err(planned), ref_ms, peer, peer_ms
+    )
     planned_row.extra = {"num_programs": plan.num_programs}
     return [row, planned_row]
 
