@@ -32,9 +32,25 @@ def offline() -> LLM:
     return LLM(str(model_path()), **ARGS)
 
 
+def make_engine(**overrides) -> AsyncLLM:
+    return AsyncLLM.from_engine_args(
+        AsyncEngineArgs(model=str(model_path()), **{**ARGS, **overrides})
+    )
+
+
 @pytest.fixture
 async def engine():
-    eng = AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(model_path()), **ARGS))
+    eng = make_engine()
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture
+async def fine_chunked_engine():
+    # 16-token chunks: a > 1000-token prompt takes over 60 steps to prefill, so an abort sent a
+    # few milliseconds after its first step lands during its prefill with a wide margin (at 64
+    # tokens a step a fast machine came close to finishing the prefill in that time).
+    eng = make_engine(max_num_batched_tokens=16)
     yield eng
     eng.shutdown()
 
@@ -145,9 +161,7 @@ async def test_speculative_yields_carry_several_tokens():
 
 
 async def test_stream_interval_batches_tokens():
-    eng = AsyncLLM.from_engine_args(
-        AsyncEngineArgs(model=str(model_path()), stream_interval=4, **ARGS)
-    )
+    eng = make_engine(stream_interval=4)
     try:
         params = SamplingParams(temperature=0, max_tokens=10, output_kind=RequestOutputKind.DELTA)
         outs = await collect(eng, "hello", params, "x")
@@ -176,19 +190,8 @@ async def test_abort_mid_decode_frees_blocks_and_leaves_others_unchanged(engine,
     await assert_idle(engine)
 
 
-async def test_abort_while_queued_during_prefill_and_by_list():
-    # 16-token chunks: the > 1000-token prompt takes over 60 steps to prefill, so the abort lands
-    # during its prefill with a wide margin (at 64 tokens a step a fast machine came close to
-    # finishing the prefill in the few milliseconds the test takes to react).
-    args = {**ARGS, "max_num_batched_tokens": 16}
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(model_path()), **args))
-    try:
-        await _abort_while_queued_during_prefill_and_by_list(engine)
-    finally:
-        engine.shutdown()
-
-
-async def _abort_while_queued_during_prefill_and_by_list(engine):
+async def test_abort_while_queued_during_prefill_and_by_list(fine_chunked_engine):
+    engine = fine_chunked_engine
     long_prompt = load_prompts("long")[-1]
     prefill = asyncio.create_task(collect(engine, long_prompt, LONG, "prefill"))
     await wait_until(lambda: engine.get_stats().num_steps >= 1)
@@ -259,7 +262,7 @@ async def test_bad_input_fails_before_any_output_and_the_engine_keeps_serving(en
 
 
 async def test_a_dying_engine_fails_every_stream_and_later_call():
-    eng = AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(model_path()), **ARGS))
+    eng = make_engine()
     stream = asyncio.create_task(collect(eng, "hello", LONG, "doomed"))
     await wait_until(lambda: eng.get_stats().generation_tokens_total > 0)
 
@@ -277,7 +280,7 @@ async def test_a_dying_engine_fails_every_stream_and_later_call():
 
 
 async def test_shutdown_ends_open_streams_and_is_idempotent():
-    eng = AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(model_path()), **ARGS))
+    eng = make_engine()
     stream = asyncio.create_task(collect(eng, "hello", LONG, "open"))
     await wait_until(lambda: eng.get_num_unfinished_requests() == 1)
     eng.shutdown()
@@ -287,7 +290,7 @@ async def test_shutdown_ends_open_streams_and_is_idempotent():
 
 
 async def test_async_context_manager():
-    async with AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(model_path()), **ARGS)) as eng:
+    async with make_engine() as eng:
         outs = await collect(eng, "hi", SamplingParams(max_tokens=2), "cm")
         assert outs[-1].finished
     assert not eng.is_running
