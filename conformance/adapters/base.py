@@ -63,6 +63,11 @@ class Capabilities:
     # ``aborted_count`` reads how many requests the engine counted as aborted (vLLM's
     # ``vllm:request_success_total{finished_reason="abort"}``).
     counts_aborts: bool = False
+    # ``progress`` reads the engine's running counters of steps and generated tokens: what
+    # abort promptness and batching are measured in.
+    observes_progress: bool = False
+    # ``kill`` can make the engine die the way a crashed engine loop or core process does.
+    can_kill: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,29 @@ class KVState:
         if self.used_blocks is not None and baseline.used_blocks is not None:
             return self.used_blocks == baseline.used_blocks
         return abs(self.usage - baseline.usage) < 1e-9
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The engine's work so far, as counters that only grow. ``steps`` counts engine steps
+    (iterations of its scheduler that ran the model), ``None`` where the engine does not tell;
+    ``preemptions`` counts requests preempted, ``None`` likewise."""
+
+    generated_tokens: int
+    steps: int | None = None
+    preemptions: int | None = None
+
+    def since(self, earlier: Progress) -> Progress:
+        """The work done between ``earlier`` and this observation."""
+
+        def delta(now: int | None, then: int | None) -> int | None:
+            return None if now is None or then is None else now - then
+
+        return Progress(
+            self.generated_tokens - earlier.generated_tokens,
+            delta(self.steps, earlier.steps),
+            delta(self.preemptions, earlier.preemptions),
+        )
 
 
 @dataclass(frozen=True)
@@ -148,6 +176,38 @@ class EngineAdapter(ABC):
         """How many requests ``engine`` has counted as finished by an abort."""
         raise NotImplementedError
 
+    def progress(self, engine: Any) -> Progress:
+        """The online ``engine``'s counters now (or as last reported by it)."""
+        raise NotImplementedError
+
+    def kill(self, engine: Any) -> None:
+        """Makes the online ``engine`` die as a crash would (its loop or core process ends
+        without a shutdown), for the engine-death property."""
+        raise NotImplementedError
+
+    def limits(
+        self,
+        *,
+        max_num_seqs: int | None = None,
+        num_kv_blocks: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        max_model_len: int | None = None,
+    ) -> dict[str, Any]:
+        """Engine options (for ``make_offline`` / ``make_online``) that cap the running batch,
+        the KV-cache pool (in blocks), the tokens of one step (chunked prefill beyond it) and
+        the sequence length; by default vLLM's names."""
+        names = {
+            "max_num_seqs": max_num_seqs,
+            "num_gpu_blocks_override": num_kv_blocks,
+            "max_num_batched_tokens": max_num_batched_tokens,
+            "max_model_len": max_model_len,
+        }
+        return {k: v for k, v in names.items() if v is not None}
+
+    def block_size(self, engine: Any) -> int:
+        """Tokens per KV-cache block of ``engine`` (vLLM's default 16 unless told)."""
+        return 16
+
     def scheduler_class(self, engine: Any) -> str:
         """Qualified name of the scheduler class that runs this engine's requests."""
         raise NotImplementedError
@@ -159,9 +219,10 @@ class EngineAdapter(ABC):
         raise NotImplementedError
         yield []
 
-    def max_model_len(self) -> int:
-        """The longest sequence the engine accepts; by default the model's
-        ``max_position_embeddings`` (vLLM's default ``max_model_len``)."""
+    def max_model_len(self, engine: Any = None) -> int:
+        """The longest sequence (prompt and output) ``engine`` accepts, or the suite's engines
+        in general; by default the model's ``max_position_embeddings`` (vLLM's default
+        ``max_model_len``)."""
         import json
 
         config = json.loads((Path(self.config.model) / "config.json").read_text())

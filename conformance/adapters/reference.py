@@ -13,6 +13,7 @@ from conformance.adapters.base import (
     EngineOptions,
     KVState,
     OutputKind,
+    Progress,
 )
 
 # A small pool keeps a leaked block visible in the usage fraction and memory low.
@@ -22,7 +23,11 @@ DEFAULTS: dict[str, Any] = {"num_kv_blocks": 1024, "dtype": "float32"}
 class ReferenceAdapter(EngineAdapter):
     name = "reference"
     capabilities = Capabilities(
-        batch_invariant=False, speculative_decoding=True, counts_aborts=True
+        batch_invariant=False,
+        speculative_decoding=True,
+        counts_aborts=True,
+        observes_progress=True,
+        can_kill=True,
     )
     alias = AliasPair(
         "reference_engine.engine.async_llm_engine",
@@ -75,6 +80,45 @@ class ReferenceAdapter(EngineAdapter):
 
     def aborted_count(self, engine: Any) -> int:
         return engine.get_stats().finished_requests["abort"]
+
+    def progress(self, engine: Any) -> Progress:
+        stats = engine.get_stats()
+        return Progress(stats.generation_tokens_total, stats.num_steps, stats.num_preemptions)
+
+    def kill(self, engine: Any) -> None:
+        """The engine thread's next step raises, as a crashing model would; an empty command
+        wakes the thread if it waits for work."""
+
+        def crash() -> Any:
+            raise RuntimeError("killed by the conformance suite")
+
+        engine.engine.step = crash
+        engine._commands.put(("wake", None, None))
+
+    def limits(
+        self,
+        *,
+        max_num_seqs: int | None = None,
+        num_kv_blocks: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        max_model_len: int | None = None,
+    ) -> dict[str, Any]:
+        names = {
+            "max_num_seqs": max_num_seqs,
+            "num_kv_blocks": num_kv_blocks,
+            "max_num_batched_tokens": max_num_batched_tokens,
+            "max_model_len": max_model_len,
+        }
+        return {k: v for k, v in names.items() if v is not None}
+
+    def block_size(self, engine: Any) -> int:
+        return engine.get_kv_cache_stats().block_size
+
+    def max_model_len(self, engine: Any = None) -> int:
+        if engine is None:
+            return super().max_model_len()
+        core = engine.llm_engine if hasattr(engine, "llm_engine") else engine.engine
+        return core.max_model_len
 
     def scheduler_class(self, engine: Any) -> str:
         core = engine.llm_engine if hasattr(engine, "llm_engine") else engine.engine

@@ -21,6 +21,7 @@ from conformance.adapters.base import (
     EngineOptions,
     KVState,
     OutputKind,
+    Progress,
 )
 from conformance.adapters.reference import _count_scheduled
 
@@ -30,7 +31,11 @@ DEFAULTS: dict[str, Any] = {"dtype": "float32", "enforce_eager": True, "seed": 0
 class VllmAdapter(EngineAdapter):
     name = "vllm"
     capabilities = Capabilities(
-        batch_invariant=False, speculative_decoding=True, counts_aborts=True
+        batch_invariant=False,
+        speculative_decoding=True,
+        counts_aborts=True,
+        observes_progress=True,
+        can_kill=True,
     )
     alias = AliasPair("vllm", "AsyncLLMEngine", "vllm.v1.engine.async_llm", "AsyncLLM")
 
@@ -107,6 +112,35 @@ class VllmAdapter(EngineAdapter):
             raise NotImplementedError("aborts are observed on the online engine only")
         return observer.finished("abort")
 
+    def progress(self, engine: Any) -> Progress:
+        """From the stat logger: each ``record`` carries one engine step's ``SchedulerStats``
+        and, when the step produced outputs, its ``IterationStats``."""
+        observer = self._observers.get(id(engine))
+        if observer is None:
+            raise NotImplementedError("progress is observed on the online engine only")
+        return observer.progress()
+
+    def kill(self, engine: Any) -> None:
+        """SIGKILL to the engine-core process, as an out-of-memory kill would do."""
+        import signal
+
+        for proc in engine.engine_core.resources.engine_manager.processes:
+            os.kill(proc.pid, signal.SIGKILL)
+
+    def block_size(self, engine: Any) -> int:
+        return _vllm_config(engine).cache_config.block_size
+
+    def limits(self, *, num_kv_blocks: int | None = None, **others: int | None) -> dict[str, Any]:
+        """vLLM's block pool keeps one null block that no request can use."""
+        return super().limits(
+            num_kv_blocks=None if num_kv_blocks is None else num_kv_blocks + 1, **others
+        )
+
+    def max_model_len(self, engine: Any = None) -> int:
+        if engine is None:
+            return super().max_model_len()
+        return _vllm_config(engine).model_config.max_model_len
+
     def scheduler_class(self, engine: Any) -> str:
         if id(engine) in self._observers:  # the core is in another process: read its config
             cls = engine.vllm_config.scheduler_config.get_scheduler_cls()
@@ -131,6 +165,11 @@ class VllmAdapter(EngineAdapter):
         }
 
 
+def _vllm_config(engine: Any) -> Any:
+    """The ``VllmConfig`` of an ``AsyncLLM`` or an ``LLM``."""
+    return engine.vllm_config if hasattr(engine, "vllm_config") else engine.llm_engine.vllm_config
+
+
 def _scheduler(llm: Any) -> Any:
     core = llm.llm_engine.engine_core
     if not hasattr(core, "engine_core"):
@@ -149,6 +188,7 @@ class _SchedulerStatsObserver:
         self._lock = threading.Lock()
         self._latest: Any = None
         self._finished: Counter[str] = Counter()
+        self._progress = Progress(0, 0, 0)
 
     def latest(self) -> Any:
         with self._lock:
@@ -158,8 +198,18 @@ class _SchedulerStatsObserver:
         with self._lock:
             return self._finished[reason]
 
+    def progress(self) -> Progress:
+        with self._lock:
+            return self._progress
+
     def _record(self, stats: Any, iteration: Any) -> None:
         with self._lock:
+            p = self._progress
+            self._progress = Progress(
+                p.generated_tokens + (iteration.num_generation_tokens if iteration else 0),
+                p.steps + (stats is not None),
+                p.preemptions + (iteration.num_preempted_reqs if iteration else 0),
+            )
             if stats is not None:
                 self._latest = stats
             for request in getattr(iteration, "finished_requests", None) or []:
