@@ -29,6 +29,8 @@ class LoopThread:
         try:
             return future.result(timeout)
         except TimeoutError:
+            if future.done():  # the scenario's own timeout, not ours
+                raise
             future.cancel()
             raise TimeoutError(f"the scenario did not finish within {timeout} s") from None
 

@@ -5,8 +5,10 @@
         [--hypothesis-profile=ci|thorough]
 
 Each option has an environment variable for tox and CI: CONFORMANCE_ENGINE, CONFORMANCE_MODEL,
-CONFORMANCE_ENGINE_OPTIONS (a JSON object), CONFORMANCE_REPORT, CONFORMANCE_PROFILE; and
-CONFORMANCE_IDLE_TIMEOUT, the seconds an engine gets to return to idle (default 60).
+CONFORMANCE_ENGINE_OPTIONS (a JSON object), CONFORMANCE_REPORT, CONFORMANCE_PROFILE; and two
+guards against hangs, never bounds a property is judged by: CONFORMANCE_IDLE_TIMEOUT, the seconds
+requests get to leave the engine, and CONFORMANCE_STREAM_TIMEOUT, the seconds a stream gets to
+end (both 60 by default).
 """
 
 from __future__ import annotations
@@ -23,8 +25,12 @@ from hypothesis import HealthCheck, settings
 import fixtures
 from conformance.adapters import EngineAdapter, EngineOptions, KVState, load_adapter
 from conformance.aio import LoopThread
+from conformance.endings import Endings, probe_endings
+from conformance.regimes import Workload
 from conformance.report import Summary, load_expected_failures
-from conformance.strategies import Vocab
+from conformance.scenarios import run_ending
+from conformance.shape import Shape, Vocab
+from conformance.strategies import NUM_LOGPROBS
 
 settings.register_profile(
     "ci",
@@ -42,8 +48,9 @@ settings.register_profile(
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-# Rules per state-machine run: fixed here so the profiles stay one knob.
-STATEFUL_STEPS = {"ci": 12, "thorough": 40}
+# State-machine runs and rules per run: fixed here so the profiles stay one knob
+# (thorough: 250 x 40 = 10,000 operations).
+STATEFUL = {"ci": (4, 12), "thorough": (250, 40)}
 
 SUMMARY = pytest.StashKey[Summary]()
 ADAPTER = pytest.StashKey[EngineAdapter]()
@@ -134,7 +141,7 @@ def _note(report: pytest.TestReport) -> str:
         return report.longrepr[2].removeprefix("Skipped: ")
     if report.failed:
         crash = getattr(report.longrepr, "reprcrash", None)
-        return (crash.message if crash else str(report.longrepr)).splitlines()[0][:300]
+        return (crash.message if crash else str(report.longrepr))[:2000]
     return "; ".join(str(v) for k, v in report.user_properties if k == "note")
 
 
@@ -219,11 +226,58 @@ def tokenizer(adapter: EngineAdapter) -> Any:
 
 
 @pytest.fixture(scope="session")
-def vocab(tokenizer: Any) -> Vocab:
-    special = set(tokenizer.all_special_ids)
-    return Vocab(low=max(special) + 1, high=len(tokenizer) - 1)
+def vocab(adapter: EngineAdapter, tokenizer: Any) -> Vocab:
+    config = json.loads((Path(adapter.config.model) / "config.json").read_text())
+    return Vocab.of(tokenizer, config.get("vocab_size"))
 
 
 @pytest.fixture(scope="session")
-def stateful_steps() -> int:
-    return STATEFUL_STEPS.get(settings.default._current_profile or "ci", 12)  # type: ignore[attr-defined]
+def shape(adapter: EngineAdapter, online: Any, vocab: Vocab) -> Shape:
+    return Shape(adapter.max_model_len(online), adapter.block_size(online), vocab)
+
+
+@pytest.fixture(scope="session")
+def work(shape: Shape) -> Workload:
+    return Workload(shape)
+
+
+@pytest.fixture(scope="session")
+def endings(offline: Any, adapter: EngineAdapter, work: Workload, tokenizer: Any) -> Endings:
+    """Requests that end by each ending, probed once on the offline engine."""
+    return probe_endings(offline, adapter, work, tokenizer)
+
+
+@pytest.fixture(scope="session")
+def ending_stream(adapter: EngineAdapter, online: Any, endings: Endings, aio: LoopThread) -> Any:
+    """``ending_stream(ending, kind)``: the stream of that ending's first request in that
+    output kind, with logprobs, run once per session."""
+    done: dict[tuple[str, str], Any] = {}
+
+    def get(ending: str, kind: str) -> Any:
+        if kind not in adapter.capabilities.output_kinds:
+            pytest.skip(f"{adapter.name} does not offer output kind {kind}")
+        if not endings.requests[ending]:
+            pytest.skip(f"no {ending} request: {endings.missing[ending]}")
+        if ending == "abort":
+            for needed in ("abort_final_output", "observes_progress"):
+                if not getattr(adapter.capabilities, needed):
+                    pytest.skip(f"{adapter.name} does not declare capability {needed!r}")
+        if (ending, kind) not in done:
+            request = endings.requests[ending][0]
+            done[ending, kind] = aio.run(run_ending(adapter, online, request, kind, NUM_LOGPROBS))
+        return done[ending, kind]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def measure(pytestconfig: pytest.Config) -> Any:
+    """``measure(name, value, bound)``: a figure for the summary (its worst case is shown)."""
+    return pytestconfig.stash[SUMMARY].measure
+
+
+@pytest.fixture(scope="session")
+def stateful_steps() -> tuple[int, int]:
+    """(runs, rules per run) of the lifecycle state machine in the current profile."""
+    profile = settings.default._current_profile or "ci"  # type: ignore[attr-defined]
+    return STATEFUL.get(profile, STATEFUL["ci"])

@@ -37,7 +37,8 @@ def load_expected_failures(engine: str) -> list[ExpectedFailure]:
 class Row:
     property: str
     outcomes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    notes: list[str] = field(default_factory=list)
+    # note -> the tests it is about (a skip reason shared by several tests is shown once)
+    notes: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -50,6 +51,26 @@ class Row:
             return "pass" if not o["skipped"] else "pass (some skipped)"
         return "skipped"
 
+    def note_lines(self) -> list[str]:
+        lines = []
+        for note, tests in self.notes.items():
+            lines.append(f"{', '.join(tests)}: {note}" if tests else note)
+        return lines
+
+
+@dataclass
+class Measurement:
+    """One figure measured across the cases of a property, e.g. steps run after an abort."""
+
+    name: str
+    bound: int | None
+    values: list[int] = field(default_factory=list)
+
+    @property
+    def range(self) -> str:
+        low, high = min(self.values), max(self.values)
+        return str(low) if low == high else f"{low} to {high}"
+
 
 class Summary:
     OUTCOMES = ("passed", "failed", "xfailed", "skipped")
@@ -58,16 +79,19 @@ class Summary:
         self.engine = engine
         self.rows: dict[str, Row] = {}
         self.tests: list[dict[str, Any]] = []
+        self.measurements: dict[str, Measurement] = {}
+
+    def measure(self, name: str, value: int | None, bound: int | None = None) -> None:
+        if value is not None:
+            self.measurements.setdefault(name, Measurement(name, bound)).values.append(value)
 
     def add(self, prop: str, nodeid: str, outcome: str, note: str = "") -> None:
         row = self.rows.setdefault(prop, Row(prop))
         row.outcomes[outcome] += 1
-        if note and outcome != "passed":
-            short = f"{nodeid.split('::', 1)[-1]}: {note}"
-            if short not in row.notes:
-                row.notes.append(short)
-        elif note and note not in row.notes:
-            row.notes.append(note)
+        if note:
+            tests = row.notes.setdefault(note, [])
+            if outcome != "passed":
+                tests.append(nodeid.split("::", 1)[-1])
         self.tests.append({"property": prop, "test": nodeid, "outcome": outcome, "note": note})
 
     def markdown(self) -> str:
@@ -80,19 +104,35 @@ class Summary:
         ]
         for row in sorted(self.rows.values(), key=lambda r: r.property):
             o = row.outcomes
-            notes = "<br>".join(n.replace("|", "\\|").replace("\n", " ")[:300] for n in row.notes)
+            notes = "<br>".join(
+                n.replace("|", "\\|").replace("\n", " ")[:400] for n in row.note_lines()
+            )
             lines.append(
                 f"| {row.property} | {row.verdict} | {o['passed']} | {o['failed']} | "
                 f"{o['xfailed']} | {o['skipped']} | {notes} |"
             )
+        if self.measurements:
+            lines += ["", "| measured | values | cases | bound |", "|---|---|---|---|"]
+            for m in self.measurements.values():
+                bound = "" if m.bound is None else f"<= {m.bound}"
+                lines.append(f"| {m.name} | {m.range} | {len(m.values)} | {bound} |")
         return "\n".join(lines) + "\n"
 
     def as_json(self) -> dict[str, Any]:
         return {
             "engine": self.engine,
             "properties": {
-                r.property: {"verdict": r.verdict, **dict(r.outcomes), "notes": r.notes}
+                r.property: {"verdict": r.verdict, **dict(r.outcomes), "notes": r.note_lines()}
                 for r in self.rows.values()
+            },
+            "measurements": {
+                m.name: {
+                    "worst": m.worst,
+                    "cases": len(m.values),
+                    "bound": m.bound,
+                    "values": m.values,
+                }
+                for m in self.measurements.values()
             },
             "tests": self.tests,
         }

@@ -8,18 +8,11 @@ from typing import Any, Literal
 from hypothesis import strategies as st
 
 import fixtures
+from conformance.shape import Vocab
 
 # Top-n logprobs asked for on every compared request, for the near-tie rule.
 NUM_LOGPROBS = 5
 STOP_STRINGS = ["e", "a ", ".", "\n", " the"]
-
-
-@dataclass(frozen=True)
-class Vocab:
-    """Token ids that are safe to put in a prompt (no special tokens)."""
-
-    low: int
-    high: int
 
 
 def token_prompts(vocab: Vocab, min_len: int = 1, max_len: int = 40) -> st.SearchStrategy:
@@ -35,7 +28,17 @@ def prompts(vocab: Vocab) -> st.SearchStrategy:
     return st.one_of(token_prompts(vocab), text_prompts())
 
 
-def greedy_params(max_tokens: int = 24) -> st.SearchStrategy[dict[str, Any]]:
+def stop_token_ids(vocab: Vocab) -> st.SearchStrategy[list[int]]:
+    """Enough ids (a few percent of the vocabulary) that one of them comes up now and then."""
+    size = max(8, (vocab.high - vocab.low) // 32)
+    return st.lists(st.integers(vocab.low, vocab.high), min_size=1, max_size=size, unique=True)
+
+
+def stops() -> st.SearchStrategy[list[str]]:
+    return st.lists(st.sampled_from(STOP_STRINGS), min_size=1, max_size=2, unique=True)
+
+
+def greedy_params(vocab: Vocab, max_tokens: int = 24) -> st.SearchStrategy[dict[str, Any]]:
     return st.fixed_dictionaries(
         {
             "temperature": st.just(0.0),
@@ -44,28 +47,36 @@ def greedy_params(max_tokens: int = 24) -> st.SearchStrategy[dict[str, Any]]:
             "ignore_eos": st.booleans(),
         },
         optional={
-            "stop": st.lists(st.sampled_from(STOP_STRINGS), min_size=1, max_size=2, unique=True),
+            "stop": stops(),
+            "stop_token_ids": stop_token_ids(vocab),
+            "include_stop_str_in_output": st.booleans(),
             "min_tokens": st.integers(0, 4),
         },
     ).filter(lambda p: p.get("min_tokens", 0) <= p["max_tokens"])
 
 
-def seeded_params(max_tokens: int = 24) -> st.SearchStrategy[dict[str, Any]]:
+def seeded_params(vocab: Vocab, max_tokens: int = 24) -> st.SearchStrategy[dict[str, Any]]:
     return st.fixed_dictionaries(
         {
-            "temperature": st.sampled_from([0.5, 0.8, 1.0]),
+            # High enough that sampling leaves the greedy path on peaked models too.
+            "temperature": st.sampled_from([1.0, 2.0, 4.0]),
             "top_p": st.sampled_from([1.0, 0.9]),
             "top_k": st.sampled_from([0, 20]),
             "seed": st.integers(0, 2**31 - 1),
             "max_tokens": st.integers(1, max_tokens),
             "logprobs": st.just(NUM_LOGPROBS),
         },
-        optional={"stop": st.lists(st.sampled_from(STOP_STRINGS), min_size=1, max_size=1)},
-    )
+        optional={
+            "min_p": st.sampled_from([0.0, 0.05]),
+            "stop": stops(),
+            "stop_token_ids": stop_token_ids(vocab),
+            "min_tokens": st.integers(0, 4),
+        },
+    ).filter(lambda p: p.get("min_tokens", 0) <= p["max_tokens"])
 
 
-def sampling_params(max_tokens: int = 24) -> st.SearchStrategy[dict[str, Any]]:
-    return st.one_of(greedy_params(max_tokens), seeded_params(max_tokens))
+def sampling_params(vocab: Vocab, max_tokens: int = 24) -> st.SearchStrategy[dict[str, Any]]:
+    return st.one_of(greedy_params(vocab, max_tokens), seeded_params(vocab, max_tokens))
 
 
 Pattern = Literal["all_at_once", "staggered", "random_delays", "after_outputs", "with_traffic"]
@@ -85,6 +96,11 @@ class ArrivalSchedule:
     delays: list[float] = field(default_factory=list)
     after_outputs: list[int] = field(default_factory=list)
     traffic: int = 0
+
+    @classmethod
+    def single(cls) -> ArrivalSchedule:
+        """One request, sent at once, alone."""
+        return cls("all_at_once", [0.0])
 
 
 def arrival_schedules(n: int) -> st.SearchStrategy[ArrivalSchedule]:
@@ -114,7 +130,7 @@ def equivalence_cases(draw: st.DrawFn, vocab: Vocab, max_requests: int = 4) -> E
     n = draw(st.integers(1, max_requests))
     ps = draw(st.lists(prompts(vocab), min_size=n, max_size=n))
     kind = draw(st.sampled_from(["greedy", "seeded", "mixed"]))
-    one = {"greedy": greedy_params(), "seeded": seeded_params(), "mixed": sampling_params()}[kind]
+    one = {"greedy": greedy_params, "seeded": seeded_params, "mixed": sampling_params}[kind](vocab)
     params = draw(st.lists(one, min_size=n, max_size=n))
     schedule = draw(arrival_schedules(n))
     return EquivalenceCase(ps, params, schedule)

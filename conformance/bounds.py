@@ -1,0 +1,16 @@
+"""The bounds the suite holds an engine to, stated in engine steps and tokens, never in seconds:
+an engine that does the right thing late also gets there eventually, so "eventually" proves
+nothing. Each property that uses a bound names it in its docstring; docs/adapters.md lists them.
+"""
+
+# Engine steps a request may still take part in after its abort is issued (by ``abort``,
+# cancelling its consumer, closing or dropping its generator): the step in flight when the abort
+# arrives, one more already decided ahead of it (async scheduling, an engine core a step ahead
+# of its client), and a step that retires the request. The contract is "on the next step";
+# an engine that is tens of steps late, or never aborts, is far beyond it.
+ABORT_STEPS = 3
+
+
+# Tokens per step a request can gain: one, plus the drafts of speculative decoding.
+def tokens_per_step(num_speculative_tokens: int = 0) -> int:
+    return 1 + num_speculative_tokens
