@@ -39,8 +39,13 @@ def _still_serves(adapter: Any, online: Any, aio: Any, baseline: Any, vocab: Any
 @pytest.mark.requires("validates_input")
 @pytest.mark.parametrize(("field", "kwargs"), INVALID, ids=[f"{f}={v}" for f, v in INVALID])
 def test_invalid_sampling_params_fail_before_any_output(
-    adapter: Any, online: Any, online_baseline: Any, aio: Any, vocab: Any,
-    field: str, kwargs: dict[str, Any],
+    adapter: Any,
+    online: Any,
+    online_baseline: Any,
+    aio: Any,
+    vocab: Any,
+    field: str,
+    kwargs: dict[str, Any],
 ) -> None:
     prompt = {"prompt_token_ids": [vocab.low, vocab.low + 1]}
     outputs: list[Any] = []

@@ -1,0 +1,242 @@
+"""Abort promptness: an abort ends a request within a few engine steps, wherever it is.
+
+Catches the disconnect that is no abort (a closed or cancelled generator that decodes on to
+``max_tokens``: vLLM #54947 and #24584, SGLang #36333, llama.cpp #24496), aborts applied late
+(SGLang delays them by design), a request closed before its first output that is noticed only
+at its first token (Ollama #11889, LM Studio #1143), queued requests of clients already gone
+that still run (llama.cpp #13262), an abort lost while a prefill is chunked (SGLang PR #35255),
+and an abort on the last step taken for a normal finish with its blocks pinned (vLLM #26400).
+
+Bound: for each way to abort (``abort(id)``, ``abort([ids])``, cancelling the consumer,
+``aclose()``, dropping the generator) and each point of a request's life (queued, before its
+first output, in a chunked prefill, mid-decode, on its last step), the engine runs at most
+``bounds.ABORT_STEPS`` steps, and generates at most that many tokens, after the abort is
+issued; the request's KV blocks are free in the first observation in which it has left. The
+request runs alone (behind one blocker when queued) with room to generate up to the model's
+length, so an engine that does not abort is still decoding when the check comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from conformance.aio import async_wait_until
+from conformance.bounds import ABORT_STEPS
+from conformance.scenarios import (
+    PROMPT_S,
+    Stream,
+    consume,
+    fresh_id,
+    progress_after,
+    raise_if_refused,
+    wait_admitted,
+)
+
+pytestmark = pytest.mark.requires("observes_progress")
+
+HOWS = ("abort", "abort_list", "cancel", "aclose", "drop")
+WHENS = ("queued", "before_first_output", "chunked_prefill", "mid_decode", "last_step")
+# aclose() and dropping the generator need a generator suspended at a yield: after an output.
+AFTER_AN_OUTPUT = ("mid_decode", "last_step")
+CASES = [
+    (how, when)
+    for how in HOWS
+    for when in WHENS
+    if how in ("abort", "abort_list", "cancel") or when in AFTER_AN_OUTPUT
+]
+LAST_STEP_TOKENS = 6
+
+
+@dataclass
+class Victim:
+    """One request driven either by a consumer task (abort, abort_list, cancel) or by hand
+    (aclose, drop: the generator must be ours to close or to drop)."""
+
+    engine: Any
+    prompt: Any
+    params: Any
+    by_hand: bool
+    stream: Stream = field(default_factory=lambda: Stream(fresh_id("victim")))
+    task: asyncio.Task | None = None
+    gen: Any = None
+
+    def start(self) -> None:
+        if self.by_hand:
+            self.gen = self.engine.generate(self.prompt, self.params, self.stream.request_id)
+        else:
+            self.task = asyncio.create_task(
+                consume(self.engine, self.prompt, self.params, self.stream)
+            )
+
+    async def read_until(self, tokens: int) -> None:
+        """Until the victim has yielded ``tokens`` tokens (or ended)."""
+        if not self.by_hand:
+            reached = await async_wait_until(
+                lambda: self.tokens >= tokens or self.ended, PROMPT_S, interval=0.001
+            )
+            raise_if_refused(self.stream)
+            assert reached, f"the victim yielded {self.tokens} of {tokens} tokens"
+            return
+        while self.tokens < tokens and not self.ended:
+            try:
+                out = await asyncio.wait_for(self.gen.__anext__(), PROMPT_S)
+            except StopAsyncIteration:
+                return
+            except Exception as e:  # noqa: BLE001 - a refusal, reported as one
+                self.stream.error = e
+                raise_if_refused(self.stream)
+                raise
+            self.stream.receive(out)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(o.outputs[0].token_ids) for o in self.stream.outputs)
+
+    @property
+    def ended(self) -> bool:
+        return self.stream.final is not None and self.stream.final.finished
+
+    def way_to_abort(self, how: str) -> Callable[[], Awaitable[None]]:
+        rid = self.stream.request_id
+
+        async def abort() -> None:
+            await self.engine.abort(rid)
+
+        async def abort_list() -> None:  # the victim is not first in the list
+            await self.engine.abort([fresh_id("unknown"), rid])
+
+        async def cancel() -> None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+        async def aclose() -> None:
+            await self.gen.aclose()
+
+        async def drop() -> None:
+            # The last reference goes: the event loop's finalizer schedules ``aclose()`` as a
+            # task at once (a generator kept alive by a reference cycle would wait for the
+            # next garbage collection, and decode on meanwhile).
+            self.gen = None
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+
+        return {"abort": abort, "abort_list": abort_list, "cancel": cancel,
+                "aclose": aclose, "drop": drop}[how]  # fmt: skip
+
+    async def check_end(self, adapter: Any, how: str) -> None:
+        if self.task is not None and how != "cancel":
+            await asyncio.wait_for(self.task, PROMPT_S)
+        s = self.stream
+        assert s.error is None, f"the aborted stream raised {s.error!r}"
+        assert s.num_finished <= 1, f"{s.num_finished} outputs marked finished"
+        if how.startswith("abort") and adapter.capabilities.abort_final_output:
+            assert s.num_finished == 1, "the aborted stream ended without a final output"
+            reason = s.final.outputs[0].finish_reason
+            natural = self.params.max_tokens == LAST_STEP_TOKENS and reason == "length"
+            assert reason == "abort" or natural, f"finish_reason {reason!r} after the abort"
+
+
+@pytest.fixture(scope="module")
+def constrained(adapter: Any, aio: Any, shape: Any) -> Any:
+    """An online engine that runs one request at a time (the next one waits in the queue) and
+    prefills a few tokens per step (a long prompt takes dozens of steps)."""
+    if not adapter.capabilities.reconfigurable:
+        pytest.skip(f"{adapter.name} does not declare capability 'reconfigurable'")
+    limits = adapter.limits(max_num_seqs=1, max_num_batched_tokens=shape.chunk)
+    engine = aio.call(lambda: adapter.make_online(**limits))
+    yield engine
+    aio.call(lambda: adapter.shutdown(engine))
+
+
+def endless(adapter: Any, shape: Any, prompt: Any, kind: str = "DELTA") -> Any:
+    """Greedy, ignoring EOS, with room up to the model's length."""
+    return adapter.sampling_params(
+        kind, temperature=0.0, ignore_eos=True, max_tokens=shape.room(prompt)
+    )
+
+
+@pytest.mark.parametrize(("how", "when"), CASES, ids=[f"{h}-{w}" for h, w in CASES])
+def test_the_request_leaves_within_the_step_bound(
+    adapter: Any,
+    online: Any,
+    online_baseline: Any,
+    request: pytest.FixtureRequest,
+    aio: Any,
+    shape: Any,
+    measure: Any,
+    how: str,
+    when: str,
+) -> None:
+    engine = online if when in AFTER_AN_OUTPUT else request.getfixturevalue("constrained")
+    baseline = online_baseline if engine is online else adapter.kv_state(engine)
+    by_hand = how in ("aclose", "drop")
+
+    async def scenario() -> Any:
+        blocker = None
+        if when == "queued":
+            blocker = Victim(engine, shape.tokens(8, 1), None, by_hand=False)
+            blocker.params = endless(adapter, shape, blocker.prompt)
+            blocker.start()
+            await blocker.read_until(1)
+        if when in ("before_first_output", "chunked_prefill"):
+            prompt = shape.chunked_prompt(2)
+        else:
+            prompt = shape.tokens(8, 3)
+        if when == "last_step":
+            params = adapter.sampling_params(
+                "DELTA", temperature=0.0, ignore_eos=True, max_tokens=LAST_STEP_TOKENS
+            )
+        else:
+            params = endless(adapter, shape, prompt)
+        victim = Victim(engine, prompt, params, by_hand)
+        victim.start()
+        if when == "queued":
+            await wait_admitted(adapter, engine, victim.stream, 2)
+        elif when == "before_first_output":
+            await wait_admitted(adapter, engine, victim.stream, 1)
+        elif when == "chunked_prefill":
+            await wait_admitted(adapter, engine, victim.stream, 1)
+            start = adapter.progress(engine).steps
+            assert await async_wait_until(
+                lambda: adapter.progress(engine).steps >= start + 2 or victim.tokens,
+                PROMPT_S,
+                interval=0.001,
+            ), "the victim's prefill never advanced"
+        elif when == "mid_decode":
+            await victim.read_until(3)
+        else:
+            await victim.read_until(LAST_STEP_TOKENS - 1)
+        if when in ("queued", "before_first_output", "chunked_prefill"):
+            assert not victim.tokens, (
+                f"construction: the victim yielded tokens before the abort ({when})"
+            )
+        issue = victim.way_to_abort(how)
+
+        async def abort_all() -> None:
+            await issue()
+            if blocker is not None:
+                await engine.abort(blocker.stream.request_id)
+
+        work = await progress_after(adapter, engine, baseline, abort_all, f"{how} ({when})")
+        await victim.check_end(adapter, how)
+        if when == "queued":
+            assert not victim.tokens, "the queued victim ran after its abort"
+        return work
+
+    work = aio.run(scenario())
+    measure("abort promptness (steps)", work.steps, ABORT_STEPS)
+    measure("abort promptness (tokens)", work.generated_tokens, ABORT_STEPS)
+    if work.steps is not None:
+        assert work.steps <= ABORT_STEPS, (
+            f"{how} ({when}): the engine ran {work.steps} steps after the abort "
+            f"(bound {ABORT_STEPS}) and generated {work.generated_tokens} tokens"
+        )
+    assert work.generated_tokens <= ABORT_STEPS, (
+        f"{how} ({when}): the engine generated {work.generated_tokens} tokens after the abort "
+        f"(bound {ABORT_STEPS})"
+    )
