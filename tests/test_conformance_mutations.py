@@ -1,39 +1,131 @@
 """Each conformance property catches the engine that breaks it: the suite, run against the
-reference engine with one planted fault (tests/conformance_faults.py), fails where it should and
-passes on the healthy engine."""
+reference engine with one planted fault (tests/conformance_faults.py), fails on the property
+meant to catch that fault, in the tests named here, for the reason named here. The healthy
+engine passes the whole suite (``make test`` runs it, on all three fixture models), so each
+failure below is the fault's doing.
+"""
 
+from __future__ import annotations
+
+import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CASES = [
-    ("healthy", "conformance/test_alias_identity.py", True),
-    ("alias_is_another_class", "conformance/test_alias_identity.py", False),
-    ("finished_twice", "conformance/test_streaming_shape.py", False),
-    ("diverges_online", "conformance/test_offline_async_equivalence.py", False),
-    ("forked_scheduler", "conformance/test_same_scheduler.py", False),
-    ("leaky_abort", "conformance/test_abort_frees_kv.py", False),
-    ("no_validation", "conformance/test_bad_input.py", False),
-    ("finished_twice", "conformance/test_lifecycle.py", False),
-]
+
+@dataclass(frozen=True)
+class Mutant:
+    fault: str
+    suite: str  # the property's test file, under conformance/
+    select: str  # pytest -k expression: the tests that must fail
+    says: str  # what their failure message must say
+    model: str = "tiny-llama"
+
+    @property
+    def id(self) -> str:
+        return f"{self.fault}-{Path(self.suite).stem.removeprefix('test_')}"
 
 
-@pytest.mark.parametrize(
-    "fault, suite, should_pass", CASES, ids=[f"{c[0]}-{Path(c[1]).stem}" for c in CASES]
-)
-def test_the_property_catches_the_fault(fault: str, suite: str, should_pass: bool) -> None:
-    cmd = [sys.executable, "-m", "pytest", suite, f"--engine=tests.conformance_faults:{fault}",
-           "-q", "-x", "-p", "no:cacheprovider"]  # fmt: skip
-    env = {**os.environ, "CONFORMANCE_IDLE_TIMEOUT": "10"}  # a leak shows in 10 s, not 60
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    tail = proc.stdout[-3000:]
-    if should_pass:
-        assert proc.returncode == 0, tail
-    else:
-        assert proc.returncode == 1, f"the suite did not catch {fault}:\n{tail}"
-        assert "FAIL" in tail
+MUTANTS = [
+    # abort promptness
+    Mutant("no_abort_on_close", "test_abort_promptness.py",
+           "cancel-mid_decode or aclose-mid_decode or drop-mid_decode", "after the abort"),
+    Mutant("late_abort", "test_abort_promptness.py", "abort-mid_decode or abort-queued",
+           "steps after the abort"),
+    Mutant("abort_list_first_only", "test_abort_promptness.py", "abort_list-mid_decode",
+           "after the abort"),
+    Mutant("queued_abort_ignored", "test_abort_promptness.py", "abort-queued",
+           "finish_reason 'length' after the abort"),
+    Mutant("leak_on_chunked_prefill_abort", "test_abort_promptness.py",
+           "abort-chunked_prefill or cancel-chunked_prefill", "KV blocks not freed"),
+    Mutant("abort_on_last_step_pins_blocks", "test_abort_promptness.py", "abort-last_step",
+           "KV blocks not freed"),
+    Mutant("refuses_long_prompts", "test_abort_promptness.py", "abort-chunked_prefill",
+           "the engine refused request"),
+    # abort frees KV and touches no one else
+    Mutant("leaky_abort", "test_abort_frees_kv.py", "list", "KV blocks not freed"),
+    Mutant("abort_hits_a_neighbour", "test_abort_frees_kv.py", "others_unchanged",
+           "a bystander ended by 'abort'"),
+    # every ending frees its blocks
+    Mutant("leak_on_stop_string", "test_every_ending_frees_kv.py", "default",
+           "KV blocks not freed"),
+    Mutant("leak_on_eos", "test_every_ending_frees_kv.py", "default", "KV blocks not freed",
+           model="tiny-qwen2"),
+    Mutant("leak_on_preemption", "test_every_ending_frees_kv.py", "preemption",
+           "KV blocks not freed"),
+    Mutant("leak_rejected_drafts", "test_every_ending_frees_kv.py", "speculative",
+           "KV blocks not freed"),
+    # every field of every yield; text
+    Mutant("cumulative_text_not_accumulated", "test_stream_fields.py", "length-CUMULATIVE",
+           "is no prefix of the final"),
+    Mutant("delta_logprobs_shifted", "test_stream_fields.py", "length-DELTA", "lacks it"),
+    Mutant("stop_reason_dropped", "test_stream_fields.py", "stop_string-FINAL_ONLY",
+           "does not name what stopped it"),
+    Mutant("finish_reason_early", "test_stream_fields.py", "length-DELTA", "(not the last)"),
+    Mutant("finished_twice", "test_streaming_shape.py", "only_the_last and not FINAL_ONLY",
+           "finished flags"),
+    Mutant("finished_twice", "test_lifecycle.py", "state_machine", "finished"),
+    Mutant("text_tail_dropped", "test_text_matches_tokens.py", "length-FINAL_ONLY",
+           "!= decoded token ids"),
+    # offline vs online, under pressure; batching
+    Mutant("diverges_online", "test_offline_async_equivalence.py", "each_async",
+           "token 0 differs"),
+    Mutant("seed_ignored_online", "test_offline_async_equivalence.py", "seeded", "online"),
+    Mutant("corrupt_after_preemption", "test_offline_async_equivalence.py", "preemption",
+           "online, be preempted"),
+    Mutant("corrupt_on_prefix_hit", "test_offline_async_equivalence.py", "prefix_cache",
+           "online, reuse the cached blocks"),
+    Mutant("one_at_a_time_online", "test_same_scheduler.py", "online",
+           "did not share steps"),
+    Mutant("forked_scheduler", "test_same_scheduler.py", "same_scheduler_class", "assert"),
+    # death, bad input, alias
+    Mutant("silent_death", "test_engine_death.py", "raise", "still hang"),
+    Mutant("no_validation", "test_bad_input.py", "invalid_sampling_params", "DID NOT RAISE"),
+    Mutant("alias_is_another_class", "test_alias_identity.py", "is_the_new_class",
+           "is neither"),
+]  # fmt: skip
+
+
+def run_suite(fault: str, suite: str, select: str, model: str, report: Path) -> dict:
+    cmd = [
+        sys.executable, "-m", "pytest", f"conformance/{suite}", "-k", select,
+        f"--engine=tests.conformance_faults:{fault}", f"--model=fixtures/models/{model}",
+        f"--conformance-report={report}", "-q", "-p", "no:cacheprovider",
+    ]  # fmt: skip
+    # A leak shows in 10 s and a hang in 20: the healthy engine needs well under a second.
+    env = {**os.environ, "CONFORMANCE_IDLE_TIMEOUT": "10", "CONFORMANCE_STREAM_TIMEOUT": "20"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    written = report.parent / f"{report.name}.json"
+    summary = json.loads(written.read_text()) if written.exists() else {"tests": []}
+    return {"returncode": proc.returncode, "tail": proc.stdout[-4000:], **summary}
+
+
+@pytest.mark.parametrize("m", MUTANTS, ids=[m.id for m in MUTANTS])
+def test_the_property_catches_the_fault(m: Mutant, tmp_path: Path) -> None:
+    result = run_suite(m.fault, m.suite, m.select, m.model, tmp_path / "report")
+    assert result["returncode"] == 1, f"the suite did not catch {m.fault}:\n{result['tail']}"
+    ran = [t for t in result["tests"] if t["outcome"] != "skipped"]
+    assert ran, f"nothing ran for -k {m.select!r}:\n{result['tail']}"
+    caught = [t for t in ran if t["outcome"] == "failed"]
+    missed = [t["test"] for t in ran if t["outcome"] != "failed"]
+    assert not missed, f"{m.fault}: these passed, expected to fail: {missed}"
+    wrong = [t for t in caught if m.says not in t["note"]]
+    assert not wrong, f"{m.fault}: failed for another reason than {m.says!r}: " + "; ".join(
+        f"{t['test']}: {t['note']}" for t in wrong
+    )
+
+
+def test_the_healthy_engine_passes_the_same_selections(tmp_path: Path) -> None:
+    """The control: every selection above passes against the unbroken engine."""
+    for suite in sorted({m.suite for m in MUTANTS}):
+        select = " or ".join(f"({m.select})" for m in MUTANTS if m.suite == suite)
+        for model in sorted({m.model for m in MUTANTS if m.suite == suite}):
+            report = tmp_path / f"{Path(suite).stem}-{model}"
+            result = run_suite("healthy", suite, select, model, report)
+            assert result["returncode"] == 0, f"{suite} on {model}:\n{result['tail']}"
