@@ -59,26 +59,41 @@ PLAN_UNIT = 64  # tokens; a multiple of the decode kernel's tile
 PLAN_MIN_UNITS = 4  # a chunk spans at least this many units (shorter ones cost more than they save)
 
 
-def default_plan_programs(num_kv_heads: int, device: torch.device) -> int:
+PLAN_PROGRAMS_PER_SM = 4
+
+
+def default_plan_programs(
+    num_kv_heads: int, device: torch.device, per_sm: int | None = None
+) -> int:
     """Chunks per KV head: about four programs per multiprocessor in all, so that the hardware's
     block scheduler balances what static chunking leaves over. On the H200, over the steps of
     the throughput workload, four beat eight and sixteen (fewer items to reduce, and fewer
     pipelines to fill; scripts/diag_decode_workload.py)."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
-    return max(1, 4 * sms // max(num_kv_heads, 1))
+    per_sm = PLAN_PROGRAMS_PER_SM if per_sm is None else per_sm
+    return max(1, per_sm * sms // max(num_kv_heads, 1))
 
 
 class DecodePlan:
     """Host and device buffers of a plan for up to ``max_batch`` sequences and a grid of
     ``num_programs`` chunks. Layout of the int32 buffer (``M = max_batch + num_programs``, the
     most items a plan can have): ``prog_start[P + 1] | seq_start[max_batch + 1] | item_seq[M] |
-    item_u0[M] | item_u1[M]``."""
+    item_u0[M] | item_u1[M] | done[max_batch]``. ``done`` counts, per sequence, the programs
+    that have written a partial result (the fused reduction's rendezvous); ``fill`` zeroes it
+    and the program that merges a sequence sets it back to zero."""
 
-    def __init__(self, max_batch: int, num_programs: int, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        max_batch: int,
+        num_programs: int,
+        device: torch.device | str = "cpu",
+        config: dict | None = None,
+    ):
+        self.config = config or {}  # launch overrides for the planned kernel (tile, warps, ...)
         self.max_batch = max_batch
         self.num_programs = num_programs
         self.max_items = max_batch + num_programs
-        self.numel = num_programs + 1 + max_batch + 1 + 3 * self.max_items
+        self.numel = num_programs + 1 + max_batch + 1 + 3 * self.max_items + max_batch
         device = torch.device(device)
         pin = device.type == "cuda"
         self.host = torch.zeros(self.numel, dtype=torch.int32, pin_memory=pin)
@@ -89,6 +104,11 @@ class DecodePlan:
         """Start of prog_start, seq_start, item_seq, item_u0, item_u1 in the buffer."""
         p, b, m = self.num_programs, self.max_batch, self.max_items
         return 0, p + 1, p + b + 2, p + b + 2 + m, p + b + 2 + 2 * m
+
+    @property
+    def done_offset(self) -> int:
+        """Start of the per-sequence ``done`` counters in the buffer."""
+        return self.num_programs + self.max_batch + 2 + 3 * self.max_items
 
     def fill(self, seq_lens: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Writes the plan for ``seq_lens`` (host integers, at most ``max_batch``) into ``out``
@@ -121,6 +141,7 @@ class DecodePlan:
         seq_start = out[o_seq : o_seq + self.max_batch + 1]
         seq_start[: n + 1] = np.searchsorted(starts, seq_edges, side="left")
         seq_start[n + 1 :] = m
+        out[self.done_offset : self.done_offset + self.max_batch] = 0
         return out
 
 

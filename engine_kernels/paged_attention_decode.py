@@ -138,17 +138,61 @@ def _decode_reduce_kernel(
 
 
 @triton.jit
+def _merge_items(
+    o_ptr, part_o_ptr, part_lse_ptr, b, first, last, stride_ob, stride_oh, num_heads,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BYPASS_L1: tl.constexpr,
+):  # fmt: skip
+    """Merges sequence ``b``'s partial results (workspace rows ``first..last``) for all its
+    heads into ``o[b]``; no rows gives zeros. ``BYPASS_L1``: read the partials through L2 only
+    (other programs of the same launch wrote them)."""
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_mask = offs_h < num_heads
+    mask = h_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    m = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
+    denom = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for item in range(first, last):
+        row = item * num_heads + offs_h
+        if BYPASS_L1:
+            lse = tl.load(part_lse_ptr + row, mask=h_mask, other=float("-inf"),
+                          cache_modifier=".cg")  # fmt: skip
+            parts = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask,
+                            other=0.0, cache_modifier=".cg")  # fmt: skip
+        else:
+            lse = tl.load(part_lse_ptr + row, mask=h_mask, other=float("-inf"))
+            parts = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask,
+                            other=0.0)  # fmt: skip
+        m_new = tl.maximum(m, lse)
+        alpha = tl.exp2(m - m_new)
+        w = tl.exp2(lse - m_new)
+        acc = acc * alpha[:, None] + parts * w[:, None]
+        denom = denom * alpha + w
+        m = m_new
+    out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+    o_off = b * stride_ob + offs_h[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _decode_planned_kernel(
-    q_ptr, k_ptr, v_ptr, part_o_ptr, part_lse_ptr, bt_ptr, plan_ptr, scale_log2,
-    stride_qb, stride_qh,
+    q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, plan_ptr, scale_log2,
+    stride_qb, stride_qh, stride_ob, stride_oh,
     stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, stride_bt,
-    num_heads, o_item_seq, o_item_u0, o_item_u1, seq_lens_ptr,
+    num_heads, num_kv_heads, batch, o_seq_start, o_item_seq, o_item_u0, o_item_u1, o_done,
+    seq_lens_ptr,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, UNIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, UNIT: tl.constexpr, BLOCK_H: tl.constexpr,
+    FUSED: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Program ``(p, kvh)`` runs the items of chunk ``p`` of a ``DecodePlan``: each item is a
-    range of one sequence's context; its partial result goes to row ``item`` of the workspace."""
+    range of one sequence's context; its partial result goes to row ``item`` of the workspace.
+
+    ``FUSED``: the reduction happens here. A sequence with one item is written to ``o`` at
+    once; otherwise each program counts its partial in the plan's ``done[b]`` (an acq_rel
+    atomic), and the one that completes the count merges all of ``b``'s partials and resets
+    the counter. Sequences without items (empty, or padding rows up to ``batch``) get zeros.
+    Without ``FUSED`` the reduce kernel below does the merge in a second launch."""
     p = tl.program_id(0)
     kvh = tl.program_id(1)
     first = tl.load(plan_ptr + p)
@@ -173,10 +217,32 @@ def _decode_planned_kernel(
         )  # fmt: skip
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)[:, None]
-        row = item * num_heads + heads  # part_o [M, H, D], part_lse [M, H]
-        tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
-        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-        tl.store(part_lse_ptr + row, lse, mask=g_mask)
+        s0 = tl.load(plan_ptr + o_seq_start + b)
+        s1 = tl.load(plan_ptr + o_seq_start + b + 1)
+        if FUSED and s1 - s0 == 1:  # the whole context in this item: the final output
+            o_off = b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+            tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=out_mask)
+        else:
+            row = item * num_heads + heads  # part_o [M, H, D], part_lse [M, H]
+            tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
+            lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+            tl.store(part_lse_ptr + row, lse, mask=g_mask)
+            if FUSED:
+                # Release our partial, acquire everyone else's: the last of the sequence's
+                # (items x KV heads) programs to arrive sees all of them.
+                count = tl.atomic_add(plan_ptr + o_done + b, 1, sem="acq_rel", scope="gpu")
+                if count == (s1 - s0) * num_kv_heads - 1:
+                    _merge_items(
+                        o_ptr, part_o_ptr, part_lse_ptr, b, s0, s1, stride_ob, stride_oh,
+                        num_heads, HEAD_DIM, BLOCK_D, BLOCK_H, True,
+                    )  # fmt: skip
+                    tl.store(plan_ptr + o_done + b, 0)
+    if FUSED:  # zeros for the sequences without items, spread over the programs
+        pid = kvh * tl.num_programs(0) + p
+        for b in range(pid, batch, tl.num_programs(0) * num_kv_heads):
+            if tl.load(plan_ptr + o_seq_start + b + 1) == tl.load(plan_ptr + o_seq_start + b):
+                _merge_items(o_ptr, part_o_ptr, part_lse_ptr, b, 0, 0, stride_ob, stride_oh,
+                             num_heads, HEAD_DIM, BLOCK_D, BLOCK_H, False)  # fmt: skip
 
 
 @triton.jit
@@ -184,34 +250,14 @@ def _decode_planned_reduce_kernel(
     o_ptr, part_o_ptr, part_lse_ptr, plan_ptr, o_seq_start, stride_ob, stride_oh, num_heads,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
-    """Merges sequence ``b``'s items (rows ``seq_start[b]..seq_start[b + 1]``) for all its heads,
-    one item per iteration; a sequence without items (empty, or a padding row) gets zeros. One
-    program per sequence: on the H200 this cut the reduction's share of a decode layer by
-    about half against one program per (sequence, head) (scripts/diag_decode_workload.py)."""
+    """The unfused reduction: merges sequence ``b``'s items (rows ``seq_start[b]..seq_start[b +
+    1]``) for all its heads; a sequence without items (empty, or a padding row) gets zeros.
+    One program per sequence."""
     b = tl.program_id(0).to(tl.int64)
     first = tl.load(plan_ptr + o_seq_start + b)
     last = tl.load(plan_ptr + o_seq_start + b + 1)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    h_mask = offs_h < num_heads
-    mask = h_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
-    m = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
-    denom = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    for item in range(first, last):
-        row = item * num_heads + offs_h
-        lse = tl.load(part_lse_ptr + row, mask=h_mask, other=float("-inf"))
-        parts = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=mask,
-                        other=0.0)  # fmt: skip
-        m_new = tl.maximum(m, lse)
-        alpha = tl.exp2(m - m_new)
-        w = tl.exp2(lse - m_new)
-        acc = acc * alpha[:, None] + parts * w[:, None]
-        denom = denom * alpha + w
-        m = m_new
-    out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
-    o_off = b * stride_ob + offs_h[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=mask)
+    _merge_items(o_ptr, part_o_ptr, part_lse_ptr, b, first, last, stride_ob, stride_oh,
+                 num_heads, HEAD_DIM, BLOCK_D, BLOCK_H, False)  # fmt: skip
 
 
 def _decode_config(q: torch.Tensor, planned: bool = False) -> dict[str, int]:
@@ -219,6 +265,9 @@ def _decode_config(q: torch.Tensor, planned: bool = False) -> dict[str, int]:
         return {"block_n": 16, "num_warps": 4, "num_stages": 1}
     # The planned kernel's loads sit in a loop nested in the loop over items: on the H200 two
     # stages beat three there (96% against 86% of copy bandwidth, scripts/diag_decode_plan.py).
+    # Its reduction stays a second launch by default: fused into the attention kernel (one
+    # launch, "fused": 1) it costs registers, three programs per SM instead of four, and on the
+    # workload's steps it was no faster (docs/performance.md, 2026-12-04).
     return {"block_n": 64, "num_warps": 4, "num_stages": 2 if planned else 3}
 
 
@@ -258,8 +307,9 @@ def paged_attention_decode(
         return out
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     if plan is not None:
+        cfg = {**_decode_config(q, planned=True), **plan.config, **(config or {})}
         return _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace, out,
-                        {**_decode_config(q, planned=True), **(config or {})})  # fmt: skip
+                        cfg)  # fmt: skip
     if num_splits is None:
         num_splits = default_num_splits(
             batch, num_kv_heads, block_tables.shape[1] * page, q.device
@@ -306,20 +356,23 @@ def _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace
     _, o_seq, o_b, o_u0, o_u1 = plan.offsets()
     group = num_heads // num_kv_heads
     block_d = max(triton.next_power_of_2(head_dim), 16)
+    block_h = triton.next_power_of_2(num_heads)
+    fused = bool(cfg.get("fused", 0))
     _decode_planned_kernel[(plan.num_programs, num_kv_heads)](
-        q, k_cache, v_cache, part_o, part_lse, block_tables, plan.device, scale * _LOG2E,
-        q.stride(0), q.stride(1),
+        q, k_cache, v_cache, out, part_o, part_lse, block_tables, plan.device, scale * _LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-        num_heads, o_b, o_u0, o_u1, seq_lens,
+        num_heads, num_kv_heads, batch, o_seq, o_b, o_u0, o_u1, plan.done_offset, seq_lens,
         GROUP=group, BLOCK_G=max(triton.next_power_of_2(group), 16), PAGE=page,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=cfg["block_n"], UNIT=PLAN_UNIT,
+        BLOCK_H=block_h, FUSED=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
-    _decode_planned_reduce_kernel[(batch,)](
-        out, part_o, part_lse, plan.device, o_seq, out.stride(0), out.stride(1), num_heads,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=triton.next_power_of_2(num_heads),
-        num_warps=4,
-    )  # fmt: skip
+    if not fused:
+        _decode_planned_reduce_kernel[(batch,)](
+            out, part_o, part_lse, plan.device, o_seq, out.stride(0), out.stride(1), num_heads,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=block_h, num_warps=4,
+        )  # fmt: skip
     return out

@@ -12,6 +12,7 @@ captured once serves short and long contexts alike at full width.
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -22,6 +23,9 @@ from reference_engine.models import CausalLM, ForwardContext
 # REFERENCE_ENGINE_DECODE_PLAN=0 (for comparisons): the split decode sized from the block
 # table's capacity instead of a DecodePlan.
 USE_PLAN = os.environ.get("REFERENCE_ENGINE_DECODE_PLAN", "1") == "1"
+# For comparisons: the planned kernel's launch options ({"fused": 0, "num_stages": 3, ...}) and
+# its programs per multiprocessor, instead of the defaults.
+PLAN_CONFIG = json.loads(os.environ.get("REFERENCE_ENGINE_DECODE_CONFIG", "{}"))
 LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
 
@@ -44,7 +48,10 @@ class DecodeGraphs:
         )
         self.seq_lens = torch.ones(max_batch, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=dev)
-        self.plan = DecodePlan(max_batch, default_plan_programs(cfg.num_kv_heads, dev), dev)
+        plan_cfg = dict(PLAN_CONFIG)
+        per_sm = plan_cfg.pop("per_sm", None)
+        programs = default_plan_programs(cfg.num_kv_heads, dev, per_sm)
+        self.plan = DecodePlan(max_batch, programs, dev, plan_cfg)
         self.workspace = torch.empty(
             plan_workspace_numel(self.plan.max_items, cfg.num_heads, cfg.head_dim),
             dtype=torch.float32,

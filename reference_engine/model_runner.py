@@ -139,46 +139,52 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, sched: SchedulerOutput) -> StepHandle:
-        input_ids, positions, slots = [], [], []
-        query_start_loc, seq_lens, tables = [0], [], []
+        input_ids, starts, counts, tables = [], [], [], []
         logits_rows, sampled_reqs = [], []
         bs = self.block_size
+        end = 0  # query_start_loc of the next request
         for req in sched.requests:
             n = sched.num_scheduled_tokens[req.request_id]
             start = req.num_computed_tokens
             input_ids.extend(req.all_token_ids[start : start + n])
             if start + n > req.num_tokens:  # the step verifies drafts after the known tokens
                 input_ids.extend(req.spec_token_ids[: start + n - req.num_tokens])
-            blocks = sched.block_tables[req.request_id]
-            positions.extend(range(start, start + n))
-            slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, start + n))
-            query_start_loc.append(query_start_loc[-1] + n)
-            seq_lens.append(start + n)
-            tables.append(blocks)
+            starts.append(start)
+            counts.append(n)
+            tables.append(sched.block_tables[req.request_id])
+            end += n
             if start + n >= req.num_tokens:  # the chunk reaches the last known token: sample
-                first = query_start_loc[-1] - 1 - len(req.spec_token_ids)
-                logits_rows.extend(range(first, query_start_loc[-1]))
+                logits_rows.extend(range(end - 1 - len(req.spec_token_ids), end))
                 sampled_reqs.append(req)
         table = _padded_table(tables)
-        is_decode = len(input_ids) == len(seq_lens)
+        # Positions and KV slots of every token, in numpy: a long prompt chunk has thousands.
+        n_arr = np.asarray(counts, dtype=np.int64)
+        query_start_loc = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(n_arr, out=query_start_loc[1:])
+        seq_lens = np.asarray(starts, dtype=np.int64) + n_arr
+        rows = np.repeat(np.arange(len(counts)), n_arr)
+        first_pos = seq_lens - query_start_loc[1:]  # each request's first position, less its row
+        positions = np.arange(end, dtype=np.int64) + np.repeat(first_pos, n_arr)
+        slots = table[rows, positions // bs].astype(np.int64) * bs + positions % bs
+        is_decode = end == len(counts)
         if (
             is_decode
             and self.graphs is not None
             and self.graphs.fits(len(seq_lens), table.shape[1])
         ):
             ids = np.asarray(input_ids, dtype=np.int64)
-            hidden = self._run_graph(
-                ids, np.asarray(positions), np.asarray(slots), np.asarray(seq_lens), table
-            )
+            hidden = self._run_graph(ids, positions, slots, seq_lens, table)
         else:
             ctx = ForwardContext(
                 slot_mapping=_to_device(slots, torch.int64, self.device),
                 block_tables=_to_device(table, torch.int32, self.device),
-                seq_lens=_to_device(seq_lens, torch.int32, self.device),
-                query_start_loc=_to_device(query_start_loc, torch.int32, self.device),
+                seq_lens=_to_device(seq_lens.astype(np.int32), torch.int32, self.device),
+                query_start_loc=_to_device(
+                    query_start_loc.astype(np.int32), torch.int32, self.device
+                ),
                 is_decode=is_decode,
-                max_query_len=max(b - a for a, b in zip(query_start_loc, query_start_loc[1:])),
-                max_seq_len=max(seq_lens),
+                max_query_len=int(n_arr.max()),
+                max_seq_len=int(seq_lens.max()),
             )
             hidden = self.model(
                 _to_device(input_ids, torch.int64, self.device),

@@ -37,16 +37,23 @@ def main() -> None:
     copy_ms = triton.testing.do_bench(functools.partial(buf[1 << 29 :].copy_, buf[: 1 << 29]))
     bandwidth = 2 * (1 << 29) / copy_ms / 1e6  # GB/s, bytes read + written
     del buf
-    plans = {f"planned {k}/SM": DecodePlan(256, k * sms // KVH, dev) for k in (2, 4, 8)}
-    wss = {
-        name: torch.empty(plan_workspace_numel(p.max_items, H, D), device=dev)
-        for name, p in plans.items()
+    # name -> (programs per SM, or None for the split decode; config overrides)
+    variants = {
+        "planned 4/SM unfused 64/4w/2st (old default)": (4, {"fused": 0}),
+        "fused 4/SM 64/4w/2st": (4, {}),
+        "fused 3/SM 64/4w/2st": (3, {}),
+        "fused 3/SM 64/4w/3st": (3, {"num_stages": 3}),
+        "fused 4/SM 32/4w/3st": (4, {"block_n": 32, "num_stages": 3}),
+        "fused 4/SM 32/4w/2st": (4, {"block_n": 32}),
+        "fused 8/SM 32/4w/3st": (8, {"block_n": 32, "num_stages": 3}),
+        "fused 2/SM 64/8w/3st": (2, {"num_warps": 8, "num_stages": 3}),
+        "unfused 3/SM 64/4w/3st": (3, {"fused": 0, "num_stages": 3}),
+        "split (default)": (None, {}),
     }
-    # name -> (plan or None for the split decode, config overrides)
-    variants = {name: (name, {}) for name in plans}
-    variants["planned 4/SM, 3 stages"] = ("planned 4/SM", {"num_stages": 3})
-    variants["planned 2/SM"] = ("planned 2/SM", {})
-    variants["split (default)"] = (None, {})
+    per_sm = sorted({v[0] for v in variants.values() if v[0] is not None})
+    plans = {k: DecodePlan(256, k * sms // KVH, dev) for k in per_sm}
+    wss = {k: torch.empty(plan_workspace_numel(p.max_items, H, D), device=dev)
+           for k, p in plans.items()}  # fmt: skip
     names = list(variants)
     print(f"copy {bandwidth:,.0f} GB/s; {nb} blocks; times: one layer, do_bench median (cold L2)")
     print("| step | live | tokens | MB | " + " | ".join(f"{n} us (% copy)" for n in names) + " |")
@@ -72,6 +79,8 @@ def main() -> None:
                 plan.fill(lens)
                 plan.device.copy_(plan.host)
                 kwargs = {"plan": plan, "workspace": wss[plan_name], "config": config}
+            elif config:
+                kwargs = {"config": config}
             fn = functools.partial(
                 tops.paged_attention_decode, q, kc, vc, perm, seq_lens, 0.088, **kwargs
             )

@@ -133,10 +133,12 @@ def test_decode_cuda_graph_replay(tops, dtype, device):
         assert_close(out, ref, dtype)
 
 
+@pytest.mark.parametrize("fused", [1, 0])
 @pytest.mark.parametrize("num_programs", [1, 3, 64])
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (8, 1), (6, 3)])
-def test_decode_planned(tops, dtype, device, num_programs, heads, kv_heads):
-    """A plan cuts the live contexts into equal chunks; padding rows past the batch get zeros."""
+def test_decode_planned(tops, dtype, device, num_programs, heads, kv_heads, fused):
+    """A plan cuts the live contexts into equal chunks; padding rows past the batch get zeros.
+    ``fused``: the reduction in the attention kernel (the default) or in a second launch."""
     from engine_kernels.decode_split import DecodePlan, plan_workspace_numel
 
     lens_list = DECODE_LENS + [300, 129, 128]
@@ -153,7 +155,7 @@ def test_decode_planned(tops, dtype, device, num_programs, heads, kv_heads):
         out = torch.full_like(q, float("nan"))
         tops.paged_attention_decode(
             q, k_cache, v_cache, tab, lens, head_dim**-0.5, out=out, plan=plan,
-            workspace=workspace,
+            workspace=workspace, config={"fused": fused},
         )  # fmt: skip
         n = len(lens_now)
         ref = reference.paged_attention_decode(
