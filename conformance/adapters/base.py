@@ -63,6 +63,14 @@ class Capabilities:
     # ``aborted_count`` reads how many requests the engine counted as aborted (vLLM's
     # ``vllm:request_success_total{finished_reason="abort"}``).
     counts_aborts: bool = False
+    # Outputs carry the engine's own token ids. Where ``False`` (a server that sends text only)
+    # each output's ``token_ids`` are the adapter's re-tokenization of that output's ``text``:
+    # equal texts give equal ids, but ids as such (counts, decoding, sums of DELTA pieces) say
+    # nothing about the engine.
+    token_ids: bool = True
+    # ``kv_state`` can see the engine's load (unfinished requests, KV usage); where ``False`` it
+    # raises a skip that names what the engine does not expose.
+    observes_load: bool = True
 
 
 @dataclass(frozen=True)
