@@ -7,7 +7,14 @@ import pytest
 from transformers import AutoTokenizer
 
 import fixtures
-from conformance.adapters.http import Completion, Metrics, TextIds, _error, parse_choice
+from conformance.adapters.http import (
+    Completion,
+    Metrics,
+    StreamIds,
+    TextIds,
+    _error,
+    parse_choice,
+)
 
 METRICS = """\
 # HELP vllm:num_requests_running Requests in the running batch.
@@ -114,3 +121,25 @@ def test_text_ids_are_the_tokenizers_encoding_of_the_text() -> None:
 def test_server_errors_keep_the_servers_message(body: bytes, message: str) -> None:
     error = _error(422, body)
     assert error.status == 422 and message in str(error)
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ["Hel", "lo", " wor", "ld", "", "!"],
+        ["caf", "é ", "☃", " ok  ", "", "then"],
+        ["don", "'", "t", "  stop", ""],
+        ["\n\n", "", "ock", " \n", "x"],
+    ],
+)
+def test_stream_ids_of_text_pieces_add_up_to_the_encoding_of_the_whole(pieces: list[str]) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(fixtures.model_path("tiny-llama")))
+    stream = StreamIds(tokenizer)
+    joined: list[int] = []
+    for i, piece in enumerate(pieces):
+        joined += stream.add(piece, last=i == len(pieces) - 1)
+        assert (
+            joined
+            == tokenizer.encode("".join(pieces[: i + 1]), add_special_tokens=False)[: len(joined)]
+        ), "an id yielded earlier changed"
+    assert joined == tokenizer.encode("".join(pieces), add_special_tokens=False)

@@ -52,6 +52,9 @@ TOKEN_ID_PREFIX = "token_id:"
 TIMEOUT = httpx.Timeout(120.0, connect=10.0)
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
+# vLLM's request extras that are sent only when they differ from their default, which is what
+# a server without them does anyway (``transformers serve`` refuses unknown fields with 422).
+VLLM_EXTRA_DEFAULTS = {"ignore_eos": False, "min_tokens": 0}
 LOAD_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
 
@@ -232,6 +235,7 @@ class Features:
     logprobs: bool = True  # top logprobs keyed by token id
     metrics: bool = True
     id_prompts: bool = True  # prompts of token ids are taken (else: decoded to text)
+    request_ids: bool = True  # X-Request-Id with the suite's ids is taken (else: not sent)
     notes: tuple[str, ...] = ()
 
     def describe(self) -> str:
@@ -239,7 +243,8 @@ class Features:
         load = "/metrics" if self.metrics else "no load metrics"
         logprobs = "logprobs by id" if self.logprobs else "no usable logprobs"
         prompts = "" if self.id_prompts else ", id prompts sent as their decoded text"
-        return f"{self.endpoint}, {ids}, {logprobs}, {load}{prompts}"
+        request_ids = "" if self.request_ids else ", no X-Request-Id"
+        return f"{self.endpoint}, {ids}, {logprobs}, {load}{prompts}{request_ids}"
 
 
 class Server:
@@ -266,16 +271,25 @@ class Server:
 
     # --- what the server shows ------------------------------------------------------------
 
-    def _try(self, body: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-        response = self.client.post(self.endpoint, json={"model": self.model, **body})
+    def _try(
+        self, body: dict[str, Any], request_id: str | None = None
+    ) -> tuple[dict[str, Any] | None, str]:
+        headers = {"X-Request-Id": request_id} if request_id else {}
+        response = self.client.post(
+            self.endpoint, json={"model": self.model, **body}, headers=headers
+        )
         if response.status_code == 200:
             return response.json(), ""
-        return None, str(_error(response.status_code, response.content))
+        return None, str(_error(response.status_code, response.content)).splitlines()[0][:200]
 
     def probe(self) -> Features:
-        """Sends two tiny requests and reads ``/metrics`` once."""
+        """Sends a few tiny requests and reads ``/metrics`` once."""
         notes = []
         base = self.body("Hello", Params({"temperature": 0.0, "max_tokens": 2}), False, None)
+        reply, why = self._try(base, request_id="conf-probe-0")
+        request_ids = reply is not None
+        if not request_ids and self._try(base)[0] is not None:
+            notes.append(f"X-Request-Id conf-probe-0 refused ({why}): sent without it")
         reply, why = self._try({**base, "return_token_ids": True})
         token_ids = reply is not None and _ids_in(reply["choices"][0]) is not None
         if reply is None:
@@ -304,7 +318,9 @@ class Server:
                 notes.append(f"/metrics answered {response.status_code} without {LOAD_GAUGES}")
         except httpx.HTTPError as e:
             notes.append(f"/metrics unreachable ({e})")
-        return Features(self.endpoint, token_ids, logprobs, metrics, id_prompts, tuple(notes))
+        return Features(
+            self.endpoint, token_ids, logprobs, metrics, id_prompts, request_ids, tuple(notes)
+        )
 
     def _probe_logprobs(self, base: dict[str, Any], notes: list[str]) -> bool:
         """Top logprobs keyed by token id (vLLM's return_tokens_as_token_ids)."""
@@ -329,6 +345,9 @@ class Server:
     def _logprob_fields(self, n: int) -> dict[str, Any]:
         return {"logprobs": True, "top_logprobs": n} if self.endpoint == CHAT else {"logprobs": n}
 
+    def headers(self, request_id: str) -> dict[str, str]:
+        return {"X-Request-Id": request_id} if self.features.request_ids else {}
+
     def body(
         self, prompt: Any, params: Params, stream: bool, tokenizer: Any | None = "features"
     ) -> dict[str, Any]:
@@ -336,6 +355,9 @@ class Server:
         sends them (``features``); a text-only server is asked for neither."""
         fields = dict(params.fields)
         logprobs = fields.pop("logprobs", None)
+        for extra, default in VLLM_EXTRA_DEFAULTS.items():  # strict servers refuse the names
+            if extra in fields and fields[extra] == default:
+                del fields[extra]
         body: dict[str, Any] = {"model": self.model, **fields, "stream": stream}
         features = getattr(self, "features", None)
         if isinstance(prompt, dict):
@@ -373,7 +395,7 @@ class Server:
         response = await client.post(
             self.endpoint,
             json=self.body(prompt, params, False, tokenizer),
-            headers={"X-Request-Id": request_id},
+            headers=self.headers(request_id),
         )
         if response.status_code != 200:
             raise _error(response.status_code, response.content)
@@ -389,7 +411,7 @@ class Server:
     ) -> AsyncIterator[Completion]:
         """The SSE chunks of one streaming completion."""
         body = self.body(prompt, params, True, tokenizer)
-        headers = {"X-Request-Id": request_id}
+        headers = self.headers(request_id)
         async with client.stream("POST", self.endpoint, json=body, headers=headers) as r:
             if r.status_code != 200:
                 raise _error(r.status_code, await r.aread())
@@ -432,6 +454,22 @@ class TextIds:
         return completion
 
 
+class StreamIds:
+    """Token ids for the pieces of one streamed text, from a server that sends text only. Every
+    id waits for the last piece, which carries the encoding of the whole text: re-tokenizing a
+    prefix of a text need not give a prefix of its ids (byte-level BPE's whitespace rules merge
+    across the pieces), so this is the split that is always sound. DELTA ids then add up and
+    CUMULATIVE ids are prefixes of the final ones; which yield carries them says nothing."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.text = ""
+
+    def add(self, text: str, last: bool) -> list[int]:
+        self.text += text
+        return self.tokenizer.encode(self.text, add_special_tokens=False) if last else []
+
+
 class HttpAsyncEngine:
     """``AsyncLLM``-like view of the server."""
 
@@ -451,15 +489,19 @@ class HttpAsyncEngine:
         reader = asyncio.create_task(self._read(prompt, params, request_id, queue))
         self.readers[request_id] = reader
         total = Completion()
+        streamed = self.text_ids is not None and params.output_kind != "FINAL_ONLY"
+        stream_ids = StreamIds(self.tokenizer) if streamed else None
         try:
             while (item := await queue.get()) is not _END:
                 if isinstance(item, BaseException):
                     raise item
+                if stream_ids is not None:
+                    item.token_ids = stream_ids.add(item.text, item.finish_reason is not None)
+                elif self.text_ids is not None:
+                    item = self.text_ids(item)
                 if params.output_kind == "CUMULATIVE":
                     total.extend(item)
                     item = total.copy()
-                if self.text_ids is not None:
-                    item = self.text_ids(item)
                 yield RequestOutput(request_id, [item])
         finally:
             reader.cancel()  # the consumer left: closing the connection aborts the request
