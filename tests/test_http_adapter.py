@@ -1,10 +1,20 @@
-"""The http adapter's parsing of what servers send: completion choices and /metrics."""
+"""The http adapter's parsing of what servers send: completion and chat choices, errors,
+/metrics; and the token ids it derives for servers that send text only."""
 
 from __future__ import annotations
 
 import pytest
+from transformers import AutoTokenizer
 
-from conformance.adapters.http import Metrics, parse_choice
+import fixtures
+from conformance.adapters.http import (
+    Completion,
+    Metrics,
+    StreamIds,
+    TextIds,
+    _error,
+    parse_choice,
+)
 
 METRICS = """\
 # HELP vllm:num_requests_running Requests in the running batch.
@@ -63,3 +73,73 @@ def test_text_without_token_ids_is_a_clear_error() -> None:
                 },
             }
         )
+
+
+def test_a_chat_choice_whole_and_streamed() -> None:
+    top = [{"token": "token_id:7", "logprob": -0.1}, {"token": "token_id:3", "logprob": -3.0}]
+    whole = {
+        "message": {"role": "assistant", "content": "ab"},
+        "token_ids": [7, 9],
+        "finish_reason": "length",
+        "logprobs": {
+            "content": [
+                {"token": "token_id:7", "logprob": -0.1, "top_logprobs": top},
+                {"token": "token_id:9", "logprob": -2.0, "top_logprobs": []},
+            ]
+        },
+    }
+    c = parse_choice(whole)
+    assert c.token_ids == [7, 9] and c.text == "ab" and c.finish_reason == "length"
+    assert {t: lp.logprob for t, lp in c.logprobs[0].items()} == {7: -0.1, 3: -3.0}
+    assert {t: lp.logprob for t, lp in c.logprobs[1].items()} == {9: -2.0}
+    piece = parse_choice({"delta": {"content": "a", "token_ids": [7]}, "finish_reason": None})
+    assert piece.token_ids == [7] and piece.text == "a"
+
+
+def test_a_text_only_server_gives_text_for_the_adapter_to_tokenize() -> None:
+    c = parse_choice({"text": "hi", "finish_reason": "stop"}, with_ids=False)
+    assert c.text == "hi" and c.token_ids == [] and c.logprobs is None
+    chat = parse_choice({"delta": {"content": " there"}, "finish_reason": None}, with_ids=False)
+    assert chat.text == " there"
+
+
+def test_text_ids_are_the_tokenizers_encoding_of_the_text() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(fixtures.model_path("tiny-llama")))
+    c = TextIds(tokenizer)(Completion([], "Hello world", "stop"))
+    assert c.token_ids == tokenizer.encode("Hello world", add_special_tokens=False)
+    assert tokenizer.decode(c.token_ids) == "Hello world"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"error": {"message": "bad top_p", "code": 400}}', "bad top_p"),
+        (b'{"detail": [{"loc": ["body", "logprobs"], "msg": "not supported"}]}', "logprobs"),
+        (b"Internal Server Error", "Internal Server Error"),
+    ],
+)
+def test_server_errors_keep_the_servers_message(body: bytes, message: str) -> None:
+    error = _error(422, body)
+    assert error.status == 422 and message in str(error)
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ["Hel", "lo", " wor", "ld", "", "!"],
+        ["caf", "é ", "☃", " ok  ", "", "then"],
+        ["don", "'", "t", "  stop", ""],
+        ["\n\n", "", "ock", " \n", "x"],
+    ],
+)
+def test_stream_ids_of_text_pieces_add_up_to_the_encoding_of_the_whole(pieces: list[str]) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(fixtures.model_path("tiny-llama")))
+    stream = StreamIds(tokenizer)
+    joined: list[int] = []
+    for i, piece in enumerate(pieces):
+        joined += stream.add(piece, last=i == len(pieces) - 1)
+        assert (
+            joined
+            == tokenizer.encode("".join(pieces[: i + 1]), add_special_tokens=False)[: len(joined)]
+        ), "an id yielded earlier changed"
+    assert joined == tokenizer.encode("".join(pieces), add_special_tokens=False)

@@ -68,6 +68,14 @@ class Capabilities:
     observes_progress: bool = False
     # ``kill`` can make the engine die the way a crashed engine loop or core process does.
     can_kill: bool = False
+    # Outputs carry the engine's own token ids. Where ``False`` (a server that sends text only)
+    # each output's ``token_ids`` are the adapter's re-tokenization of that output's ``text``:
+    # equal texts give equal ids, but ids as such (counts, decoding, sums of DELTA pieces) say
+    # nothing about the engine.
+    token_ids: bool = True
+    # ``kv_state`` can see the engine's load (unfinished requests, KV usage); where ``False`` it
+    # raises a skip that names what the engine does not expose.
+    observes_load: bool = True
 
 
 @dataclass(frozen=True)
