@@ -22,7 +22,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-import fixtures
+from conformance import fixtures
 from conformance.compare import equivalence_problem
 from conformance.scenarios import PROMPT_S, Stream, consume, fresh_id, generate_one, wait_idle
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-import fixtures
+from conformance import fixtures
 
 
 @pytest.mark.requires("observes_scheduler")
