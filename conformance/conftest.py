@@ -28,6 +28,7 @@ STATEFUL_STEPS = {"ci": 12, "thorough": 40}
 SUITE_DIR = Path(__file__).resolve().parent
 SUMMARY = pytest.StashKey[Summary]()
 ADAPTER = pytest.StashKey[EngineAdapter]()
+USAGE_ERROR = pytest.StashKey[pytest.UsageError]()
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
@@ -51,6 +52,15 @@ def _engine_options(config: pytest.Config) -> dict[str, Any]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    try:
+        _configure(config)
+    except pytest.UsageError as e:
+        # Raised once collection is over: from an installed package pytest loads this conftest
+        # while it collects, and an error here would read as a failure to collect the folder.
+        config.stash[USAGE_ERROR] = e
+
+
+def _configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "requires(*capabilities): skip unless the engine has them")
     if config.getoption("hypothesis_profile", None) is None:
         settings.load_profile(os.environ.get("CONFORMANCE_PROFILE", "ci"))
@@ -58,7 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
     options = EngineOptions(model, _engine_options(config))
     try:
         adapter = load_adapter(config.getoption("conformance_engine"), options)
-    except (ValueError, ConnectionError) as e:
+    except (ValueError, ConnectionError, ImportError) as e:
         engine = config.getoption("conformance_engine")
         raise pytest.UsageError(f"--engine={engine}: {e}") from None
     config.stash[ADAPTER] = adapter
@@ -67,6 +77,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if USAGE_ERROR in config.stash:
+        raise config.stash[USAGE_ERROR]
     adapter = config.stash[ADAPTER]
     expected = load_expected_failures(adapter.name)
     for item in items:

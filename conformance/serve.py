@@ -6,7 +6,7 @@
 
 The server starts on a free loopback port (``{port}``, ``{model}`` and ``{python}`` are filled in
 a custom command) and must answer ``/health`` within ``--startup-timeout`` seconds; its log goes
-to ``results/<name>-server.log``. The exit code is the suite's.
+to ``results/<name>-server.log`` in the current folder. The exit code is the suite's.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conformance import fixtures
 from loadtests import server as servers
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = ROOT / "fixtures" / "models" / "tiny-llama"
+DEFAULT_MODEL = fixtures.model_path()
+SUITE_DIR = Path(__file__).resolve().parent
 
 
 def main(argv: list[str]) -> int:
@@ -35,14 +36,14 @@ def main(argv: list[str]) -> int:
     port = servers.free_port()
     url = f"http://{servers.LOOPBACK}:{port}"
     cmd = servers.command(template, args.model, port, args.vllm_python)
-    log = ROOT / "results" / f"{name}-server.log"
+    log = Path("results") / f"{name}-server.log"
     log.parent.mkdir(exist_ok=True)
     print(f"starting {' '.join(cmd)} (log: {log})", flush=True)
     proc = servers.start(cmd, url, log, args.startup_timeout)
     try:
-        suite = [sys.executable, "-m", "pytest", "conformance", f"--engine={url}",
+        suite = [sys.executable, "-m", "pytest", str(SUITE_DIR), f"--engine={url}",
                  f"--model={args.model}", *pytest_args]  # fmt: skip
-        return subprocess.call(suite, cwd=ROOT)
+        return subprocess.call(suite)
     finally:
         servers.stop(proc)
 
