@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SUBSET = "alias_identity or bad_input or abort_frees_kv"
 NOT_IN_THE_TREE = (
     *(".git", ".venv", ".tox", "build", "dist", "*.egg-info", "__pycache__", "results"),
-    *(".pytest_cache", ".hypothesis", ".ruff_cache", ".benchmarks"),
+    *(".pytest_cache", ".hypothesis", ".ruff_cache", ".benchmarks", ".whl", ".gl"),
 )
 WHEEL_LIMIT_MB = 10
 FAULTY_ADAPTER = '''
