@@ -1,14 +1,8 @@
 """Engine selection, session-wide engines, capabilities, expected failures and the summary.
 
-    pytest conformance --engine=reference|vllm|http://HOST:PORT|pkg.module:factory
-        [--model=PATH] [--engine-option key=value ...] [--conformance-report=PATH]
-        [--hypothesis-profile=ci|thorough]
-
-Each option has an environment variable for tox and CI: CONFORMANCE_ENGINE, CONFORMANCE_MODEL,
-CONFORMANCE_ENGINE_OPTIONS (a JSON object), CONFORMANCE_REPORT, CONFORMANCE_PROFILE; and two
-guards against hangs, never bounds a property is judged by: CONFORMANCE_IDLE_TIMEOUT, the seconds
-requests get to leave the engine, and CONFORMANCE_STREAM_TIMEOUT, the seconds a stream gets to
-end (both 60 by default).
+pytest loads this file only when it collects the suite, so nothing here runs in a pytest run of
+other tests in the same environment. The options and hypothesis profiles are in
+``conformance/plugin.py`` (the installed pytest plugin), which documents them.
 """
 
 from __future__ import annotations
@@ -20,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 
-import fixtures
+from conformance import fixtures, plugin
 from conformance.adapters import EngineAdapter, EngineOptions, KVState, load_adapter
 from conformance.aio import LoopThread
 from conformance.endings import Endings, probe_endings
@@ -32,60 +26,26 @@ from conformance.scenarios import run_ending
 from conformance.shape import Shape, Vocab
 from conformance.strategies import NUM_LOGPROBS
 
-settings.register_profile(
-    "ci",
-    max_examples=4,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.register_profile(
-    "thorough",
-    max_examples=40,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
 # State-machine runs and rules per run: fixed here so the profiles stay one knob
 # (thorough: 250 x 40 = 10,000 operations).
 STATEFUL = {"ci": (4, 12), "thorough": (250, 40)}
 
+SUITE_DIR = Path(__file__).resolve().parent
 SUMMARY = pytest.StashKey[Summary]()
 ADAPTER = pytest.StashKey[EngineAdapter]()
+USAGE_ERROR = pytest.StashKey[pytest.UsageError]()
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("conformance")
-    group.addoption(
-        "--engine",
-        default=os.environ.get("CONFORMANCE_ENGINE", "reference"),
-        help="reference, vllm, http://HOST:PORT, or pkg.module:factory",
-    )
-    group.addoption(
-        "--model",
-        default=os.environ.get("CONFORMANCE_MODEL"),
-        help="model folder (default: the fixture tiny-llama)",
-    )
-    group.addoption(
-        "--engine-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="engine keyword option; VALUE is read as JSON when it parses",
-    )
-    group.addoption(
-        "--conformance-report",
-        default=os.environ.get("CONFORMANCE_REPORT"),
-        metavar="PATH",
-        help="write the summary to PATH.md and PATH.json",
-    )
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    # A checkout on PYTHONPATH without the package installed: no entry point loaded the plugin.
+    if not pluginmanager.has_plugin(plugin.__name__):
+        pluginmanager.register(plugin, plugin.__name__)
+        plugin.add_short_names(parser)
 
 
 def _engine_options(config: pytest.Config) -> dict[str, Any]:
     options: dict[str, Any] = json.loads(os.environ.get("CONFORMANCE_ENGINE_OPTIONS", "{}"))
-    for item in config.getoption("engine_option"):
+    for item in config.getoption("conformance_engine_option"):
         key, sep, value = item.partition("=")
         if not sep:
             raise pytest.UsageError(f"--engine-option {item!r}: expected KEY=VALUE")
@@ -97,24 +57,41 @@ def _engine_options(config: pytest.Config) -> dict[str, Any]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    try:
+        _configure(config)
+    except pytest.UsageError as e:
+        # Raised once collection is over: from an installed package pytest loads this conftest
+        # while it collects, and an error here would read as a failure to collect the folder.
+        config.stash[USAGE_ERROR] = e
+
+
+def _configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "requires(*capabilities): skip unless the engine has them")
     if config.getoption("hypothesis_profile", None) is None:
         settings.load_profile(os.environ.get("CONFORMANCE_PROFILE", "ci"))
-    model = Path(config.getoption("model") or fixtures.model_path("tiny-llama"))
+    model = fixtures.resolve_model(config.getoption("conformance_model"))
     options = EngineOptions(model, _engine_options(config))
     try:
-        adapter = load_adapter(config.getoption("engine"), options)
-    except (ValueError, ConnectionError) as e:
-        raise pytest.UsageError(f"--engine={config.getoption('engine')}: {e}") from None
+        adapter = load_adapter(config.getoption("conformance_engine"), options)
+    except (ValueError, ConnectionError, ImportError) as e:
+        engine = config.getoption("conformance_engine")
+        raise pytest.UsageError(f"--engine={engine}: {e}") from None
     config.stash[ADAPTER] = adapter
     config.stash[SUMMARY] = Summary(adapter.describe())
+    _CONFIG[:] = [config]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if USAGE_ERROR in config.stash:
+        raise config.stash[USAGE_ERROR]
     adapter = config.stash[ADAPTER]
     expected = load_expected_failures(adapter.name)
     for item in items:
-        rel = item.nodeid.split("conformance/", 1)[-1]
+        # Node ids of an installed suite start at the folder pytest was given: use the file's path.
+        path = item.path.resolve()
+        if SUITE_DIR not in path.parents:
+            continue
+        rel = path.relative_to(SUITE_DIR).as_posix() + "::" + item.nodeid.partition("::")[2]
         for xf in expected:
             if rel.startswith(xf.test):
                 reason = f"{xf.reason} ({xf.link})" if xf.link else xf.reason
@@ -130,7 +107,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def _property(report: pytest.TestReport, config: pytest.Config) -> str:
-    module = report.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    module = report.location[0].rsplit("/", 1)[-1]  # the node id lacks it for a --pyargs module
     return module.removeprefix("test_").removesuffix(".py").replace("_", " ")
 
 
@@ -161,12 +138,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         config.stash[SUMMARY].add(_property(report, config), report.nodeid, outcome, _note(report))
 
 
+# Set by pytest_configure: from an installed package this conftest is loaded after the session
+# started (pytest finds it while collecting), too late for pytest_sessionstart.
 _CONFIG: list[pytest.Config] = []
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    _CONFIG[:] = [session.config]
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -177,8 +151,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     terminalreporter.write(summary.markdown())
     path = config.getoption("conformance_report")
     if path:
-        md, js = summary.write(path)
-        terminalreporter.write_line(f"report written to {md} and {js}")
+        md, js, page = summary.write(path)
+        terminalreporter.write_line(f"report written to {md}, {js} and {page}")
 
 
 # --- session-wide engines ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The summary table: one row per property (test file), per engine; Markdown and JSON."""
+"""The summary table: one row per property (test file), per engine; Markdown, JSON and HTML."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from conformance import report_html
 
 try:
     import tomllib
@@ -54,7 +56,10 @@ class Row:
     def note_lines(self) -> list[str]:
         lines = []
         for note, tests in self.notes.items():
-            lines.append(f"{', '.join(tests)}: {note}" if tests else note)
+            if len(tests) > 2:
+                lines.append(f"{len(tests)} tests ({tests[0]}, ...): {note}")
+            else:
+                lines.append(f"{', '.join(tests)}: {note}" if tests else note)
         return lines
 
 
@@ -137,15 +142,16 @@ class Summary:
             "tests": self.tests,
         }
 
-    def write(self, path: str) -> tuple[Path, Path]:
+    def write(self, path: str) -> tuple[Path, Path, Path]:
         base = Path(path)
-        if base.suffix in (".md", ".json"):
+        if base.suffix in (".md", ".json", ".html"):
             base = base.with_suffix("")
         base.parent.mkdir(parents=True, exist_ok=True)
-        md, js = base.with_suffix(".md"), base.with_suffix(".json")
+        md, js, page = (base.with_suffix(s) for s in (".md", ".json", ".html"))
         md.write_text("# Conformance summary\n\n" + self.markdown(), encoding="utf-8")
         js.write_text(json.dumps(self.as_json(), indent=2) + "\n", encoding="utf-8")
-        return md, js
+        page.write_text(report_html.render(self.as_json()), encoding="utf-8")
+        return md, js, page
 
 
 def python_version() -> str:

@@ -8,7 +8,8 @@
 
 The server starts on a free loopback port (``{port}``, ``{model}``, ``{gguf}``, ``{python}`` and
 ``{server_python}`` are filled in a custom command) and must answer ``/v1/models`` within
-``--startup-timeout`` seconds; its log goes to ``results/<name>-server.log``. ``llama-cpp``
+``--startup-timeout`` seconds; its log goes to ``results/<name>-server.log`` in the current
+folder. ``llama-cpp``
 serves the ``--model`` checkpoint converted to GGUF first (``conformance.gguf_checkpoint``), with
 llama-cpp-python from ``--server-python``'s environment; ``transformers`` is ``transformers
 serve`` from that environment. ``--chat`` checks the chat completions endpoint instead. The exit
@@ -27,10 +28,12 @@ from pathlib import Path
 
 import httpx
 
+from conformance import fixtures
 from loadtests import server as servers
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = ROOT / "fixtures" / "models" / "tiny-llama"
+DEFAULT_MODEL = fixtures.model_path()
+SUITE_DIR = Path(__file__).resolve().parent
+RESULTS = Path("results")
 
 PRESETS = {
     **servers.PRESETS,
@@ -55,7 +58,7 @@ def server_command(template: str, model: Path, port: int, server_python: str) ->
     if "{gguf}" in template:
         from conformance.gguf_checkpoint import write_gguf
 
-        gguf = str(write_gguf(model, ROOT / "results" / "gguf" / f"{model.name}.gguf"))
+        gguf = str(write_gguf(model, RESULTS / "gguf" / f"{model.name}.gguf"))
     text = template.format(
         model=model,
         port=port,
@@ -111,7 +114,7 @@ def main(argv: list[str]) -> int:
     port = servers.free_port()
     url = f"http://{servers.LOOPBACK}:{port}"
     cmd = server_command(template, model, port, args.server_python)
-    log = ROOT / "results" / f"{name}-server.log"
+    log = RESULTS / f"{name}-server.log"
     log.parent.mkdir(exist_ok=True)
     print(f"starting {' '.join(cmd)} (log: {log})", flush=True)
     proc = start(cmd, url, log, args.startup_timeout)
@@ -119,9 +122,9 @@ def main(argv: list[str]) -> int:
     if name in NAMES:  # servers whose /v1/models does not say what they are
         pytest_args = ["--engine-option", f"name={NAMES[name]}{'-chat' * args.chat}", *pytest_args]
     try:
-        suite = [sys.executable, "-m", "pytest", "conformance", f"--engine={engine}",
+        suite = [sys.executable, "-m", "pytest", str(SUITE_DIR), f"--engine={engine}",
                  f"--model={model}", *pytest_args]  # fmt: skip
-        return subprocess.call(suite, cwd=ROOT)
+        return subprocess.call(suite)
     finally:
         servers.stop(proc)
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from hypothesis import strategies as st
 
-import fixtures
+from conformance import fixtures
 from conformance.shape import Vocab
 
 # Top-n logprobs asked for on every compared request, for the near-tie rule.

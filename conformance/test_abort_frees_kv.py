@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-import fixtures
+from conformance import fixtures
 from conformance.aio import async_wait_until
 from conformance.compare import equivalence_problem
 from conformance.scenarios import (

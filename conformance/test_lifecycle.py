@@ -29,7 +29,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-import fixtures
+from conformance import fixtures
 from conformance.compare import equivalence_problem
 from conformance.scenarios import PROMPT_S, Stream, assert_idle, consume, fresh_id, generate_one
 

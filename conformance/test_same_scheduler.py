@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-import fixtures
+from conformance import fixtures
 from conformance.scenarios import PROMPT_S, Stream, assert_idle, consume, fresh_id
 
 

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import fixtures
+from conformance import fixtures
 from conformance.compare import equivalence_problem
 from conformance.scenarios import generate_one
 from conformance.strategies import NUM_LOGPROBS, greedy_params, prompts

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-import fixtures
+from conformance import fixtures
 from conformance.compare import text_problem
 from conformance.endings import ENDINGS
 from conformance.scenarios import generate_one
