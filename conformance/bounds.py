@@ -6,11 +6,11 @@ nothing. Each property that uses a bound names it in its docstring; docs/adapter
 # Engine steps a request may still take part in after its abort is issued (by ``abort``,
 # cancelling its consumer, closing or dropping its generator): the step in flight when the abort
 # arrives, one more already decided ahead of it (async scheduling, an engine core a step ahead
-# of its client), and a step that retires the request. The contract is "on the next step";
-# an engine that is tens of steps late, or never aborts, is far beyond it.
+# of its client), and one that retires the request. The contract is "on the next step"; an
+# engine that is tens of steps late, or never aborts, is far beyond it.
 ABORT_STEPS = 3
 
-
-# Tokens per step a request can gain: one, plus the drafts of speculative decoding.
-def tokens_per_step(num_speculative_tokens: int = 0) -> int:
-    return 1 + num_speculative_tokens
+# The same through a server, where an abort is a disconnect: the client closes its socket, and
+# the server's event loop has to notice (a read that ends, a write that fails) before it can
+# abort, while the engine goes on stepping (a step of a tiny model takes about a millisecond).
+ABORT_STEPS_OVER_HTTP = 8

@@ -88,20 +88,25 @@ def equivalence_problem(
     return near_tie_problem(expected, actual, greedy, margin)
 
 
-def text_problem(tokenizer: Any, completion: Any) -> str | None:
+def text_problem(tokenizer: Any, completion: Any, stops: list[str] | None = None) -> str | None:
     """Why ``completion.text`` is not the detokenisation of its ``token_ids``; ``None`` if it is.
 
     A stop string ends the text right before it (or right after it, with
     ``include_stop_str_in_output``); a stop token or EOS may or may not be part of the text; a
-    trailing incomplete UTF-8 character may be held back (shown as U+FFFD or not at all)."""
+    trailing incomplete UTF-8 character may be held back (shown as U+FFFD or not at all).
+    ``stops``: the request's stop strings, for an engine that does not say which one stopped it
+    (no ``stop_reason``)."""
     ids = list(completion.token_ids)
     full = tokenizer.decode(ids, skip_special_tokens=True)
     text = completion.text
     stop = getattr(completion, "stop_reason", None)
-    if completion.finish_reason == "stop" and isinstance(stop, str):
-        if full.startswith(text + stop) or (text.endswith(stop) and full.startswith(text)):
-            return None
-        return f"text {text!r} does not end at the stop string {stop!r} of {full!r}"
+    candidates = [stop] if isinstance(stop, str) else list(stops or []) if stop is None else []
+    if completion.finish_reason == "stop" and candidates:
+        for s in candidates:
+            if full.startswith(text + s) or (text.endswith(s) and full.startswith(text)):
+                return None
+        if isinstance(stop, str) or not full.startswith(text):
+            return f"text {text!r} does not end at a stop string {candidates} of {full!r}"
     decoded = {full}
     if completion.finish_reason == "stop" and ids:  # the stop token's own text may be left out
         decoded.add(tokenizer.decode(ids[:-1], skip_special_tokens=True))

@@ -116,7 +116,9 @@ def markdown(properties: list[Property]) -> str:
             lines += [f"Bound: {prop.bound}", ""]
         lines += ["| check | what it checks | fault it catches | bound |", "|---|---|---|---|"]
         for c in prop.checks:
-            cells = " | ".join(_cell(x) for x in (c.summary, c.fault, c.bound))
+            fault = c.fault or ("the property's" if prop.fault else "")
+            bound = c.bound or ("the property's" if prop.bound else "")
+            cells = " | ".join(_cell(x) for x in (c.summary, fault, bound))
             lines.append(f"| `{c.name}` | {cells} |")
         lines.append("")
     return "\n".join(lines)

@@ -102,7 +102,10 @@ class RegimeEngines:
         self.adapter, self.aio, self.work = adapter, aio, work
         self._session = {"offline": offline, "online": online}
         self._built: dict[tuple[str, str], Any] = {}
-        self._baselines: dict[int, Any] = {id(online): adapter.kv_state(online)}
+        self._baselines: dict[int, Any] = {id(online): self._load(online)}
+
+    def _load(self, engine: Any) -> Any:
+        return self.adapter.kv_state(engine) if self.adapter.capabilities.observes_load else None
 
     def baseline(self, engine: Any) -> Any:
         """The online ``engine``'s load when it was idle, before its regime's first request."""
@@ -129,7 +132,7 @@ class RegimeEngines:
     def online(self, name: str) -> Any:
         engine = self._get(name, "online", lambda **o: self.aio.call(
             lambda: self.adapter.make_online(**o)))  # fmt: skip
-        self._baselines.setdefault(id(engine), self.adapter.kv_state(engine))
+        self._baselines.setdefault(id(engine), self._load(engine))
         return engine
 
     def offline(self, name: str) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import sys
 from collections import defaultdict
@@ -21,9 +22,16 @@ EXPECTED_FAILURES_DIR = Path(__file__).parent / "expected_failures"
 
 @dataclass(frozen=True)
 class ExpectedFailure:
-    test: str  # node id relative to conformance/, a prefix matches (a whole file, a test)
+    # Node id relative to conformance/: a prefix matches (a whole file, a test), and a pattern
+    # with ``*`` matches by glob (``test_x.py::test_y[*-CUMULATIVE]``: some parameters).
+    test: str
     reason: str
     link: str = ""
+
+    def matches(self, node: str) -> bool:
+        if "*" in self.test:
+            return fnmatch.fnmatchcase(node, self.test.replace("[", "[[]"))
+        return node.startswith(self.test)
 
 
 def load_expected_failures(engine: str) -> list[ExpectedFailure]:
@@ -132,7 +140,8 @@ class Summary:
             },
             "measurements": {
                 m.name: {
-                    "worst": m.worst,
+                    "min": min(m.values),
+                    "max": max(m.values),
                     "cases": len(m.values),
                     "bound": m.bound,
                     "values": m.values,

@@ -32,6 +32,19 @@ def _cell(key: str, value: Any) -> str:
     return f"<td>{escape(str(value))}</td>"
 
 
+def _measured_row(name: str, m: dict[str, Any]) -> str:
+    bound = "" if m["bound"] is None else f"&le; {m['bound']}"
+    cells = "".join(_cell(k, m[k]) for k in ("min", "max", "cases"))
+    return f"<tr><td>{escape(name)}</td>{cells}<td>{bound}</td></tr>"
+
+
+def _measured_table(rows: str) -> str:
+    if not rows:
+        return ""
+    head = "".join(f"<th>{h}</th>" for h in ("measured", "min", "max", "cases", "bound"))
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
 def _verdict_class(verdict: str) -> str:
     return {"FAIL": "FAIL", "known deviation": "known", "skipped": "skipped"}.get(verdict, "pass")
 
@@ -54,6 +67,7 @@ def render(report: dict[str, Any]) -> str:
         f"<td>{escape(t['note'])}</td></tr>"
         for t in report["tests"]
     )
+    measured = "".join(_measured_row(name, m) for name, m in report.get("measurements", {}).items())
     engine = ", ".join(f"{escape(k)} <b>{escape(str(v))}</b>" for k, v in report["engine"].items())
     failed = sum(p.get("failed", 0) for p in props.values())
     title = "Conformance: " + ("FAIL" if failed else "pass")
@@ -67,6 +81,7 @@ def render(report: dict[str, Any]) -> str:
 <table><thead><tr>{head}</tr></thead><tbody>
 {"".join(rows)}
 </tbody></table>
+{_measured_table(measured)}
 <details><summary>{len(report["tests"])} tests</summary>
 <table><thead><tr><th>property</th><th>test</th><th>outcome</th><th>note</th></tr></thead>
 <tbody>{tests}</tbody></table>

@@ -1,6 +1,6 @@
 """Abort promptness: an abort ends a request within a few engine steps, wherever it is.
 
-Catches the disconnect that is no abort (a closed or cancelled generator that decodes on to
+Catches: the disconnect that is no abort (a closed or cancelled generator that decodes on to
 ``max_tokens``: vLLM #54947 and #24584, SGLang #36333, llama.cpp #24496), aborts applied late
 (SGLang delays them by design), a request closed before its first output that is noticed only
 at its first token (Ollama #11889, LM Studio #1143), queued requests of clients already gone
@@ -10,10 +10,11 @@ and an abort on the last step taken for a normal finish with its blocks pinned (
 Bound: for each way to abort (``abort(id)``, ``abort([ids])``, cancelling the consumer,
 ``aclose()``, dropping the generator) and each point of a request's life (queued, before its
 first output, in a chunked prefill, mid-decode, on its last step), the engine runs at most
-``bounds.ABORT_STEPS`` steps, and generates at most that many tokens, after the abort is
-issued; the request's KV blocks are free in the first observation in which it has left. The
-request runs alone (behind one blocker when queued) with room to generate up to the model's
-length, so an engine that does not abort is still decoding when the check comes.
+``adapter.abort_steps`` steps after the abort is issued (``bounds.ABORT_STEPS``, 3, in process;
+``bounds.ABORT_STEPS_OVER_HTTP``, 8, through a server), and generates at most that many tokens;
+the request's KV blocks are free in the first observation in which it has left. The request
+runs alone (behind one blocker when queued) with room to generate up to the model's length, so
+an engine that does not abort is still decoding when the check comes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from typing import Any
 import pytest
 
 from conformance.aio import async_wait_until
-from conformance.bounds import ABORT_STEPS
 from conformance.scenarios import (
     PROMPT_S,
     Stream,
@@ -37,7 +37,7 @@ from conformance.scenarios import (
     wait_admitted,
 )
 
-pytestmark = pytest.mark.requires("observes_progress")
+pytestmark = pytest.mark.requires("observes_progress", "observes_load")
 
 HOWS = ("abort", "abort_list", "cancel", "aclose", "drop")
 WHENS = ("queued", "before_first_output", "chunked_prefill", "mid_decode", "last_step")
@@ -229,14 +229,15 @@ def test_the_request_leaves_within_the_step_bound(
         return work
 
     work = aio.run(scenario())
-    measure("abort promptness (steps)", work.steps, ABORT_STEPS)
-    measure("abort promptness (tokens)", work.generated_tokens, ABORT_STEPS)
+    bound = adapter.abort_steps
+    measure("abort promptness (steps)", work.steps, bound)
+    measure("abort promptness (tokens)", work.generated_tokens, bound)
     if work.steps is not None:
-        assert work.steps <= ABORT_STEPS, (
+        assert work.steps <= bound, (
             f"{how} ({when}): the engine ran {work.steps} steps after the abort "
-            f"(bound {ABORT_STEPS}) and generated {work.generated_tokens} tokens"
+            f"(bound {bound}) and generated {work.generated_tokens} tokens"
         )
-    assert work.generated_tokens <= ABORT_STEPS, (
+    assert work.generated_tokens <= bound, (
         f"{how} ({when}): the engine generated {work.generated_tokens} tokens after the abort "
-        f"(bound {ABORT_STEPS})"
+        f"(bound {bound})"
     )

@@ -2,6 +2,12 @@
 
 vLLM 0.27 and later keep ``AsyncLLMEngine`` as an alias of ``AsyncLLM``; code written against the
 old name must get the same engine, not a look-alike.
+
+Catches: an old name that became a class of its own (a look-alike whose engine behaves
+differently), or disappeared from its old module.
+
+Bound: identity or subclass; the engine built through the old name gives the same greedy output
+(near-tie rule).
 """
 
 from __future__ import annotations

@@ -2,11 +2,13 @@
 every open stream raises, every later ``generate`` raises before yielding, and ``abort``
 returns or raises; nothing hangs.
 
-Catches the engine whose streams wait for ever on a dead core (clients hang until their own
+Catches: the engine whose streams wait for ever on a dead core (clients hang until their own
 timeouts, connections pile up), errors swallowed into a normal-looking finish, and later
 requests accepted into a queue that nobody serves (vLLM raises ``EngineDeadError`` for all of
-these). Bound: each of these happens within the suite's stream timeout (``PROMPT_S``), which is
-long next to the engine's steps; a hang never ends.
+these).
+
+Bound: each of these within the suite's stream timeout (``CONFORMANCE_STREAM_TIMEOUT``), long
+next to the engine's steps: a hang never ends.
 """
 
 from __future__ import annotations

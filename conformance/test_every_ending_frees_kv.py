@@ -4,11 +4,14 @@ chunks, preempted and recomputed, served from the prefix cache, speculated with 
 rejected), once the requests have left, the engine's KV blocks and unfinished requests are back
 at their idle baseline, in the first observation in which they have left.
 
-Catches leaks tied to one state or one ending: a block pinned by a request that stopped on a
+Catches: leaks tied to one state or one ending: a block pinned by a request that stopped on a
 stop string (stop checks that run outside the scheduler, vLLM #36830), aborted during chunked
 prefill (SGLang PR #35255), preempted and resumed (neuralmagic/vllm PR #92), or rejected drafts
-whose cells are never freed (llama.cpp ``test_spec_checkpoint_kv_leak``). Each regime's state
-is reached by construction, and each ending is checked to have happened.
+whose cells are never freed (llama.cpp ``test_spec_checkpoint_kv_leak``).
+
+Bound: no block and no request left over, in the first observation without the requests. Each
+regime's state is reached by construction (preemptions, prefix-cache hits and accepted drafts
+counted), and each ending is checked to have happened.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ def _requests(endings: Endings) -> list[Ending]:
     return [e for name in ENDINGS for e in endings.requests[name]]
 
 
+@pytest.mark.requires("observes_load")
 @pytest.mark.parametrize("regime", list(REGIMES))
 def test_every_ending_frees_its_blocks(
     adapter: Any,
@@ -74,9 +78,14 @@ def test_every_ending_frees_its_blocks(
     seen = set()
     for e, s in ended:
         assert s.error is None, f"{e.name} request raised {s.error!r}"
+        if e.name == "abort" and not adapter.capabilities.abort_final_output:
+            assert s.num_finished == 0, f"an aborted request finished {s.num_finished} times"
+            seen.add(e.name)  # the connection was closed: nothing more to see
+            continue
         assert s.num_finished == 1, f"{e.name} request: {s.num_finished} finished outputs"
         c = s.final.outputs[0]
-        if c.finish_reason == e.finish_reason and e.stop_reason_ok(c.stop_reason):
+        named = not adapter.capabilities.stop_reasons or e.stop_reason_ok(c.stop_reason)
+        if c.finish_reason == e.finish_reason and named:
             seen.add(e.name)
     wanted = {name for name in ENDINGS if endings.requests[name]}
     assert wanted <= seen, (

@@ -5,11 +5,13 @@ its solo output, every stream that was not cancelled has ended exactly once, and
 requests and KV blocks are back at their baseline in the first observation in which the
 requests have left. A failing run shrinks to a minimal sequence of steps.
 
-Catches faults that need an interleaving to show: an abort that lands on another request (an
+Catches: faults that need an interleaving to show: an abort that lands on another request (an
 id reused, ik_llama.cpp #1929), a request whose output changes because another was cancelled
 beside it (tt-inference-server #3605), a double finish, a leak after a particular sequence of
 adds and aborts. The rules' preconditions read only the machine's own record, never the
-engine's timing, so every run can be replayed and shrunk. Bound: exact (or the near-tie rule).
+engine's timing, so every run can be replayed and shrunk.
+
+Bound: exact (or the near-tie rule).
 """
 
 from __future__ import annotations

@@ -13,12 +13,14 @@ cache online), n-gram speculation, and seeded sampling in batches of other make-
 outputs of the pressured offline and online engines both equal those of the unpressured
 offline engine (for seeded requests: of each request run alone).
 
-Catches outputs that depend on how requests arrive (an online path that drops the seed or runs
+Catches: outputs that depend on how requests arrive (an online path that drops the seed or runs
 another scheduler), outputs corrupted by preemption and recompute (vLLM #46899, #49620), by a
 prefix-cache hit (a block reused past the true shared prefix), by chunked prefill or by
 rejected drafts, and seeded sampling that depends on the batch (tt-inference-server #3605, a
 cancelled request changing the next one's output). Text is checked on its own
-(``test_text_matches_tokens.py``). Bound: exact, or the near-tie rule (``compare.py``).
+(``test_text_matches_tokens.py``).
+
+Bound: exact, or the near-tie rule (``compare.py``).
 """
 
 from __future__ import annotations

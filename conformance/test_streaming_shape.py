@@ -8,10 +8,12 @@ FINAL_ONLY output. One yield is not one token: with speculative decoding a step 
 several tokens, so counting yields miscounts tokens, while summing the yields' tokens gives the
 truth.
 
-Catches a second finished output or a finish reason sent early (vLLM's ``test_finished_flag``),
+Catches: a second finished output or a finish reason sent early (vLLM's ``test_finished_flag``),
 streamed output that differs from the non-streamed one (vLLM #52469), and an engine whose yields
 are not one per step (a speculative engine that never yields more than one token, or counts
-yields as tokens). Bound: exact, up to the near-tie rule between output kinds.
+yields as tokens).
+
+Bound: exact, up to the near-tie rule between output kinds.
 """
 
 from __future__ import annotations
@@ -32,9 +34,13 @@ from conformance.yields import stream_problems, views
 KINDS = ["DELTA", "CUMULATIVE", "FINAL_ONLY"]
 
 
-def _check_shape(kind: str, stream: Any) -> None:
+def _logprobs(adapter: Any) -> int | None:
+    return NUM_LOGPROBS if adapter.capabilities.logprobs else None
+
+
+def _check_shape(kind: str, stream: Any, num_logprobs: int | None) -> None:
     assert stream.error is None, repr(stream.error)
-    problems = stream_problems(kind, stream.request_id, stream.outputs, NUM_LOGPROBS, True)
+    problems = stream_problems(kind, stream.request_id, stream.outputs, num_logprobs, True)
     assert not problems, f"{kind}:\n" + "\n".join(problems[:12])
     assert stream.final.outputs[0].finish_reason in {"stop", "length"}
 
@@ -49,7 +55,7 @@ def test_each_yield_is_a_request_output_and_only_the_last_is_finished(
     prompt = data.draw(prompts(vocab), label="prompt")
     params = data.draw(greedy_params(vocab), label="params")
     stream = aio.run(generate_one(online, prompt, adapter.sampling_params(kind, **params)))
-    _check_shape(kind, stream)
+    _check_shape(kind, stream, _logprobs(adapter))
 
 
 @given(data=st.data())
@@ -65,7 +71,7 @@ def test_delta_pieces_add_up_to_cumulative_and_final_only(
         for kind in KINDS
     }
     for kind, s in streams.items():
-        _check_shape(kind, s)
+        _check_shape(kind, s, _logprobs(adapter))
     final_only = streams["FINAL_ONLY"].final.outputs[0]
     exact = adapter.capabilities.batch_invariant
     for name in ("DELTA", "CUMULATIVE"):
@@ -100,7 +106,7 @@ def test_speculative_yields_carry_several_tokens_and_tokens_still_add_up(
         stream = aio.run(
             generate_one(speculative_online, prompt, adapter.sampling_params("DELTA", **params))
         )
-        _check_shape("DELTA", stream)
+        _check_shape("DELTA", stream, _logprobs(adapter))
         joined = views("DELTA", stream.outputs)[-1].token_ids
         assert len(joined) == params["max_tokens"], "summing the yields' tokens miscounts"
         plain = aio.run(generate_one(online, prompt, adapter.sampling_params(**params)))

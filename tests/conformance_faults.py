@@ -336,6 +336,18 @@ class DeltaLogprobsShifted(Rewriting):
         return _replace(out, logprobs=late)
 
 
+class SharedCumulativeLists(Rewriting):
+    """CUMULATIVE outputs hand out one list per request, grown in place: a yield the client kept
+    changes afterwards."""
+
+    def rewrite(self, out: Any, state: dict, params: Any) -> Any:
+        if params.output_kind is not RequestOutputKind.CUMULATIVE:
+            return out
+        shared = state.setdefault("ids", [])
+        shared[:] = out.outputs[0].token_ids
+        return _replace(out, token_ids=shared)
+
+
 class StopReasonDropped(Rewriting):
     """The final output does not say which stop string stopped it."""
 
@@ -501,6 +513,7 @@ leak_on_preemption = fault(core=leak_on_preemption)
 leak_rejected_drafts = fault(core=leak_rejected_drafts)
 cumulative_text_not_accumulated = fault(front=CumulativeTextNotAccumulated)
 delta_logprobs_shifted = fault(front=DeltaLogprobsShifted)
+shared_cumulative_lists = fault(front=SharedCumulativeLists)
 stop_reason_dropped = fault(front=StopReasonDropped)
 finish_reason_early = fault(front=FinishReasonEarly)
 finished_twice = fault(front=FinishedTwice)

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from conformance.bounds import ABORT_STEPS
+
 OutputKind = Literal["CUMULATIVE", "DELTA", "FINAL_ONLY"]
 
 
@@ -68,6 +70,9 @@ class Capabilities:
     observes_progress: bool = False
     # ``kill`` can make the engine die the way a crashed engine loop or core process does.
     can_kill: bool = False
+    # A finished output's ``stop_reason`` names the stop string or token id that ended it
+    # (vLLM's field; an OpenAI server without it says only ``finish_reason="stop"``).
+    stop_reasons: bool = True
     # Outputs carry the engine's own token ids. Where ``False`` (a server that sends text only)
     # each output's ``token_ids`` are the adapter's re-tokenization of that output's ``text``:
     # equal texts give equal ids, but ids as such (counts, decoding, sums of DELTA pieces) say
@@ -145,6 +150,8 @@ class EngineAdapter(ABC):
     name: str = "engine"
     capabilities: Capabilities = Capabilities()
     alias: AliasPair | None = None
+    # Engine steps a request may run after its abort (``conformance/bounds.py`` says why).
+    abort_steps: int = ABORT_STEPS
 
     def __init__(self, config: EngineOptions):
         self.config = config

@@ -46,7 +46,9 @@ from conformance.adapters.base import (
     EngineOptions,
     KVState,
     OutputKind,
+    Progress,
 )
+from conformance.bounds import ABORT_STEPS_OVER_HTTP
 
 TOKEN_ID_PREFIX = "token_id:"
 TIMEOUT = httpx.Timeout(120.0, connect=10.0)
@@ -56,6 +58,13 @@ CHAT = "/v1/chat/completions"
 # a server without them does anyway (``transformers serve`` refuses unknown fields with 422).
 VLLM_EXTRA_DEFAULTS = {"ignore_eos": False, "min_tokens": 0}
 LOAD_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+# Counters of the engine's work: tokens generated, engine steps (the count of vLLM's histogram of
+# tokens per step), requests preempted.
+PROGRESS_COUNTERS = (
+    "vllm:generation_tokens_total",
+    "vllm:iteration_tokens_total_count",
+    "vllm:num_preemptions_total",
+)
 
 
 class ServerError(Exception):
@@ -80,17 +89,21 @@ class Completion:
     text: str = ""
     finish_reason: str | None = None
     logprobs: list[dict[int, Logprob]] | None = None
+    stop_reason: int | str | None = None  # vLLM's extra: the stop string or token id
 
     def extend(self, piece: Completion) -> None:
         self.token_ids += piece.token_ids
         self.text += piece.text
         self.finish_reason = piece.finish_reason
+        self.stop_reason = piece.stop_reason
         if piece.logprobs is not None:
             self.logprobs = (self.logprobs or []) + piece.logprobs
 
     def copy(self) -> Completion:
         logprobs = None if self.logprobs is None else list(self.logprobs)
-        return Completion(list(self.token_ids), self.text, self.finish_reason, logprobs)
+        return Completion(
+            list(self.token_ids), self.text, self.finish_reason, logprobs, self.stop_reason
+        )
 
 
 @dataclass
@@ -158,8 +171,9 @@ def parse_choice(choice: dict[str, Any], with_ids: bool = True) -> Completion:
     """A completions or chat choice (one chunk or a whole response) as a ``Completion``. With
     ``with_ids=False`` (a text-only server) ids and logprobs are left for the caller."""
     text = _text(choice)
+    stop_reason = choice.get("stop_reason")
     if not with_ids:
-        return Completion([], text, choice.get("finish_reason"), None)
+        return Completion([], text, choice.get("finish_reason"), None, stop_reason)
     lp = choice.get("logprobs")
     logprobs = None
     ids = choice.get("token_ids")
@@ -176,7 +190,7 @@ def parse_choice(choice: dict[str, Any], with_ids: bool = True) -> Completion:
                 "the server sent text without token ids: it needs vLLM's return_token_ids extra"
             )
         ids = []
-    return Completion(list(ids), text, choice.get("finish_reason"), logprobs)
+    return Completion(list(ids), text, choice.get("finish_reason"), logprobs, stop_reason)
 
 
 def _error(status: int, body: bytes) -> ServerError:
@@ -236,6 +250,7 @@ class Features:
     metrics: bool = True
     id_prompts: bool = True  # prompts of token ids are taken (else: decoded to text)
     request_ids: bool = True  # X-Request-Id with the suite's ids is taken (else: not sent)
+    stop_reasons: bool = True  # choices say which stop string or token ended them
     notes: tuple[str, ...] = ()
 
     def describe(self) -> str:
@@ -288,6 +303,7 @@ class Server:
         base = self.body("Hello", Params({"temperature": 0.0, "max_tokens": 2}), False, None)
         reply, why = self._try(base, request_id="conf-probe-0")
         request_ids = reply is not None
+        stop_reasons = reply is not None and "stop_reason" in reply["choices"][0]
         if not request_ids and self._try(base)[0] is not None:
             notes.append(f"X-Request-Id conf-probe-0 refused ({why}): sent without it")
         reply, why = self._try({**base, "return_token_ids": True})
@@ -319,7 +335,14 @@ class Server:
         except httpx.HTTPError as e:
             notes.append(f"/metrics unreachable ({e})")
         return Features(
-            self.endpoint, token_ids, logprobs, metrics, id_prompts, request_ids, tuple(notes)
+            self.endpoint,
+            token_ids,
+            logprobs,
+            metrics,
+            id_prompts,
+            request_ids,
+            stop_reasons,
+            tuple(notes),
         )
 
     def _probe_logprobs(self, base: dict[str, Any], notes: list[str]) -> bool:
@@ -587,6 +610,7 @@ class HttpAdapter(EngineAdapter):
         reconfigurable=False,
         counts_aborts=True,
     )
+    abort_steps = ABORT_STEPS_OVER_HTTP  # an abort is a disconnect the server must notice
     # The one option a URL takes: ``name``, the server's kind for the report and for
     # expected_failures/<name>.toml (default: http-<owned_by of /v1/models>[-chat]).
     OPTIONS = frozenset({"name"})
@@ -607,6 +631,8 @@ class HttpAdapter(EngineAdapter):
             logprobs=features.logprobs,
             observes_load=features.metrics,
             counts_aborts=features.metrics,
+            observes_progress=features.metrics,
+            stop_reasons=features.stop_reasons,
         )
         chat = "-chat" if features.endpoint == CHAT else ""
         default = f"http-{self.server.owned_by or 'server'}{chat}"
@@ -665,7 +691,23 @@ class HttpAdapter(EngineAdapter):
             raise LookupError(f"{self.server.url}/metrics lacks one of {LOAD_GAUGES}")
         return KVState(usage=usage, num_unfinished=int(running + waiting))
 
-    def max_model_len(self) -> int:
+    def progress(self, engine: Any) -> Progress:
+        """From the server's counters; steps only where it exports vLLM's histogram of tokens
+        per engine step (a vLLM server counts the outputs it processed, which leaves out what its
+        core computed for a request whose client had gone)."""
+        response = self.server.client.get("/metrics")
+        response.raise_for_status()
+        m = Metrics.parse(response.text)
+        generated, steps, preemptions = (m.total(n) for n in PROGRESS_COUNTERS)
+        if generated is None:
+            _unobservable(f"{self.name}'s /metrics has no {PROGRESS_COUNTERS[0]}")
+        return Progress(
+            int(generated),
+            None if steps is None else int(steps),
+            None if preemptions is None else int(preemptions),
+        )
+
+    def max_model_len(self, engine: Any = None) -> int:
         return self.server.max_model_len or super().max_model_len()
 
     def tokenizer(self) -> Any:
