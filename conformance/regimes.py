@@ -37,8 +37,9 @@ class Workload:
     def prefix_len(self) -> int:
         return min(2 * self.shape.block_size + 3, self.shape.max_model_len // 4)
 
-    def prompt(self, seed: int, prefix_seed: int = 0) -> dict[str, list[int]]:
-        prefix = self.shape.tokens(self.prefix_len, 10_000 + prefix_seed)["prompt_token_ids"]
+    def prompt(self, seed: int) -> dict[str, list[int]]:
+        """The shared prefix, then ``SUFFIX`` tokens of this seed's own."""
+        prefix = self.shape.tokens(self.prefix_len, 10_000)["prompt_token_ids"]
         own = self.shape.tokens(SUFFIX, seed)["prompt_token_ids"]
         return {"prompt_token_ids": prefix + own}
 
@@ -84,7 +85,7 @@ REGIMES = {
     for r in (
         Regime("default", "run with the suite's default engine"),
         Regime("queued", "wait in the queue behind a full batch (max_num_seqs=2)"),
-        Regime("chunked_prefill", "prefill in dozens of small chunks"),
+        Regime("chunked_prefill", "prefill in chunks smaller than the prompt"),
         Regime("preemption", "be preempted and recomputed in a KV pool too small for all"),
         Regime("prefix_cache", "reuse the cached blocks of a shared prefix"),
         Regime("speculative", "decode with n-gram drafts, some rejected", "speculative_decoding"),
