@@ -169,7 +169,10 @@ def unary_with_timeout(
     """A non-streaming request the client gives up on after `timeout` seconds."""
     t0 = time.perf_counter()
     try:
-        resp = session.post(base + COMPLETIONS, json=body, timeout=(10, timeout))
+        # A connection of its own, as every stream has: a kept-alive one that the server closes
+        # just as the request goes out fails with "Remote end closed connection" (a client race).
+        headers = {"Connection": "close"}
+        resp = session.post(base + COMPLETIONS, json=body, timeout=(10, timeout), headers=headers)
     except requests.ConnectTimeout as e:
         out.duration = time.perf_counter() - t0
         return out.fail(None, f"{type(e).__name__}: {e}")

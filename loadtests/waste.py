@@ -7,9 +7,11 @@ after the load. `received` is what the clients got, from the server's usage in e
 (exact, `continuous_usage_stats`), or from counted chunks where a server sends none; a client
 that hangs up first takes what had already reached its socket, so tokens in flight count as
 received. `credited` covers the non-streaming requests whose clients gave up: the server decoded
-for them while they waited but the client never saw a token, so each is credited at most one
-token per engine step while it was connected (`vllm:iteration_tokens_total_count`, interpolated
-between samples). What is left was decoded after the clients left.
+for them while they waited but the client never saw a token, so each is credited one token per
+engine step (`vllm:iteration_tokens_total_count`, interpolated between samples) from its earliest
+possible first token (the shortest TTFT of the streams that started near it) until it left.
+The credit is generous, so the waste is a lower bound where non-streaming clients gave up; what
+is left was decoded after the clients left.
 
 The bound is stated in engine steps, not seconds: a disconnect may cost `bound_steps` steps of
 its request (one token each), so a slow or loaded machine does not move it.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from loadtests.prom import Snapshot
@@ -41,11 +44,28 @@ def interpolate(samples: list[Snapshot], field: str, t: float) -> float | None:
     return v0 + (v1 - v0) * (t - t0) / max(t1 - t0, 1e-9)
 
 
-def credit(event: dict, samples: list[Snapshot]) -> float:
-    """Tokens a non-streaming request that gave up may have been decoded while it waited."""
+def first_token_delay(events: list[dict], width: float = 5.0) -> Callable[[float], float]:
+    """When a request that started at `t` got its first token at the earliest: the shortest TTFT
+    of the streams that started in the same `width`-second window (of the whole run if none
+    did). The earliest, not the typical: the credit must stay generous, so that the waste is a
+    lower bound (on a fast engine the median would move it by several tokens per request)."""
+    ttfts: dict[int, list[float]] = {}
+    for e in events:
+        if e["stream"] and e.get("ttft") is not None:
+            ttfts.setdefault(int(e["start"] // width), []).append(e["ttft"])
+    earliest = {k: min(v) for k, v in ttfts.items()}
+    overall = min(earliest.values(), default=0.0)
+    return lambda t: earliest.get(int(t // width), overall)
+
+
+def credit(
+    event: dict, samples: list[Snapshot], delay: Callable[[float], float] = lambda t: 0.0
+) -> float:
+    """Tokens a non-streaming request that gave up may have been decoded while it waited: one
+    per engine step from its (estimated) first token until it left."""
     if event["stream"] or event["outcome"] != "disconnect":
         return 0.0
-    a = interpolate(samples, "steps", event["start"])
+    a = interpolate(samples, "steps", event["start"] + delay(event["start"]))
     b = interpolate(samples, "steps", event["start"] + event["duration"])
     if a is None or b is None:
         return 0.0
@@ -136,6 +156,7 @@ def measure(
     idle_after: bool,
 ) -> Waste:
     points = [before, *samples, after]
+    delay = first_token_delay(events)
     disconnected = [e for e in events if e["outcome"] == "disconnect"]
     streams = [e for e in disconnected if e["stream"]]
 
@@ -146,7 +167,7 @@ def measure(
     return Waste(
         generated=delta("gen_tokens"),
         received=sum(e["tokens"] or 0 for e in events),
-        credited=sum(credit(e, points) for e in events),
+        credited=sum(credit(e, points, delay) for e in events),
         disconnects=len(disconnected),
         bound_steps=bound_steps,
         steps=delta("steps"),
@@ -203,9 +224,10 @@ def windows(
     for a, b in zip(edges, edges[1:]):
         ga, gb = interpolate(samples, "gen_tokens", a), interpolate(samples, "gen_tokens", b)
         out.append(Window(a, b, (gb or 0) - (ga or 0), 0.0, 0.0, 0))
+    delay = first_token_delay(events)
     for e in events:
         end = e["start"] + e["duration"]
-        c = credit(e, samples)
+        c = credit(e, samples, delay)
         s = e["start"] + (e["ttft"] or 0.0)  # streams receive from their first token on
         d = max(end - s, 1e-6)
         for w in out:

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 import select
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 import time
+
+import pytest
 
 from loadtests.client import Outcome, hang_up, stream
 from loadtests.http_stream import SSEStream, _Chunked
@@ -35,8 +40,9 @@ def test_chunked_decoding_byte_by_byte():
 class OneResponse(threading.Thread):
     """A loopback server that answers one request with `first`, then `rest` once told to."""
 
-    def __init__(self, first: bytes, rest: bytes) -> None:
+    def __init__(self, first: bytes, rest: bytes, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(daemon=True)
+        self.tls = tls
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.first, self.rest = first, rest
@@ -44,6 +50,8 @@ class OneResponse(threading.Thread):
 
     def run(self) -> None:
         conn, _ = self.listener.accept()
+        if self.tls is not None:
+            conn = self.tls.wrap_socket(conn, server_side=True)
         with conn:
             conn.recv(65536)
             conn.sendall(self.first)
@@ -98,3 +106,23 @@ def test_stream_reports_an_error_event_and_a_cut_stream():
     srv.start()
     out = stream(Outcome("full", time.time()), srv.url, {})
     assert out.outcome == "error" and "before [DONE]" in out.error and out.tokens == 1
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_https_stream(tmp_path, monkeypatch):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted by ssl.create_default_context()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    srv = OneResponse(HEAD + token(1) + token(2) + chunk("[DONE]") + b"0\r\n\r\n", b"", ctx)
+    srv.go.set()
+    srv.start()
+    out = stream(Outcome("full", time.time()), srv.url.replace("http:", "https:"), {})
+    assert (out.outcome, out.tokens, out.exact) == ("complete", 2, True), out.error

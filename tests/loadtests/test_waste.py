@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from loadtests.prom import Snapshot, parse
-from loadtests.waste import Waste, aborts_line, credit, interpolate, measure, windows
+from loadtests.waste import (
+    Waste,
+    aborts_line,
+    credit,
+    first_token_delay,
+    interpolate,
+    measure,
+    windows,
+)
 
 
 def snap(t: float, gen: float | None, steps: float | None = None, aborts: float | None = None):
@@ -57,6 +65,11 @@ def test_non_streaming_client_that_gave_up_is_credited_one_token_per_step():
     assert credit(event(start=2.0, duration=0.5), s) == 0  # a stream counts what it received
     assert credit({**waited, "outcome": "complete"}, s) == 0
     assert credit(waited, [snap(0, 0), snap(10, 0)]) == 0  # no step counter: no credit
+    # From its earliest possible first token: the shortest TTFT of the streams near it.
+    streams = [event(start=2.0, ttft=t) for t in (0.2, 0.3, 0.4)] + [event(start=7.0, ttft=3.0)]
+    delay = first_token_delay(streams)
+    assert delay(2.3) == 0.2 and delay(7.5) == 3.0 and delay(12.0) == 0.2
+    assert credit(waited, s, delay) == pytest.approx(3.0)  # steps 22 to 25
 
 
 def test_waste_is_generated_minus_received_minus_credited():
@@ -64,7 +77,8 @@ def test_waste_is_generated_minus_received_minus_credited():
         event(outcome="complete", tokens=50),
         event(tokens=4),  # hung up after 4 tokens
         event(kind="first-byte", tokens=None, exact=False),
-        event(kind="client-timeout", stream=False, start=0.0, duration=0.1, tokens=None),
+        # Credited from the streams' shortest TTFT (0.1 s) on: 10 steps of 100 a second.
+        event(kind="client-timeout", stream=False, start=0.0, duration=0.2, tokens=None),
     ]
     before, after = snap(0, 1000, steps=0, aborts=7), snap(1, 1080, steps=100, aborts=10)
     w = measure(events, [], before, after, bound_steps=8, idle_after=True)
