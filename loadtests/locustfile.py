@@ -5,7 +5,8 @@ Run through `python -m loadtests run`, or directly:
 Every HTTP request is reported as type `POST` named by its behaviour; the custom metrics are
 reported as their own types: `TTFT` and `ITL` (ms), `TOK/S` (the "response time" column holds
 tokens per second of one request, the content size its output tokens, counted from the
-server's `usage`), and `DISCONNECT` (ms until the client hung up).
+server's `usage`), and `DISCONNECT` (ms until the client hung up). Each request is also one
+record (loadtests/records.py) with the tokens its client received, for the waste verdict.
 """
 
 from __future__ import annotations

@@ -124,7 +124,8 @@ def table(summary: dict) -> str:
         f"duration {summary['duration_s']} s; output {summary['output_tok_s']} tok/s of requests "
         f"read to the end (from usage); tokens seen before a disconnect "
         f"{summary['tokens_before_disconnect']} (needs continuous usage); server generated "
-        f"{_f(summary['server_generated_tokens'])} tokens",
+        f"{_f((summary.get('waste') or {}).get('generated', summary['server_generated_tokens']))}"
+        " tokens",
         f"ITL p50 {_f(summary['itl_p50_ms'])} ms, p99 {_f(summary['itl_p99_ms'])} ms; peak "
         f"running {_f(summary['peak_running'])}, waiting {_f(summary['peak_waiting'])}, KV usage "
         f"{'-' if kv is None else f'{100 * kv:.1f}%'}",

@@ -206,7 +206,7 @@ def _measure(
     if proc is not None and proc.poll() is not None:
         problems.append(f"server process exited with {proc.returncode}")
     events = report.load_events(out / "events")
-    after = verdict.last or (tail.last if tail else None) or sampler.samples[-1]
+    after = verdict.last or (tail.last if tail else None) or (sampler.samples or [baseline])[-1]
     w = waste.measure(events, sampler.samples, baseline, after, a.waste_steps, verdict.ok)
     if not a.probe_requests:
         probe = ProbeResult(0, a.waste_steps, note="off (--probe-requests 0)")
