@@ -5,15 +5,17 @@ Run through `python -m loadtests run`, or directly:
 Every HTTP request is reported as type `POST` named by its behaviour; the custom metrics are
 reported as their own types: `TTFT` and `ITL` (ms), `TOK/S` (the "response time" column holds
 tokens per second of one request, the content size its output tokens, counted from the
-server's `usage`), and `DISCONNECT` (ms until the client hung up).
+server's `usage`), and `DISCONNECT` (ms until the client hung up). Each request is also one
+record (loadtests/records.py) with the tokens its client received, for the waste verdict.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import gevent
@@ -28,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadtests import client  # noqa: E402
 from loadtests.options import Mix, make_mix, parse_span  # noqa: E402
 from loadtests.prompts import prompt  # noqa: E402
+from loadtests.records import Recorder  # noqa: E402
 
 
 @events.init_command_line_parser.add_listener
@@ -51,7 +54,15 @@ def _options(parser) -> None:
         "--complete-mix", default="full=3,burst=1", help="weights of the kinds read to the end"
     )
     g.add_argument("--prompt-words", default="8-128", help="prompt length in words, LO-HI")
-    g.add_argument("--max-tokens", default="16-64", help="max_tokens of a request, LO-HI")
+    g.add_argument("--max-tokens", default="16-64", help="max_tokens of a request read to the end")
+    g.add_argument(
+        "--disconnect-max-tokens",
+        type=int,
+        default=1024,
+        help="max_tokens of the requests whose client disconnects: long, so that a server that "
+        "does not abort is still decoding when the load ends (the runner sets it from the "
+        "served model's max_model_len)",
+    )
     g.add_argument("--disconnect-after", default="1-8", help="chunks read before hanging up, LO-HI")
     g.add_argument(
         "--first-byte-delay",
@@ -62,12 +73,6 @@ def _options(parser) -> None:
         "--client-timeout",
         default="0.05-0.5",
         help="read timeout (s) of the non-streaming requests that give up",
-    )
-    g.add_argument(
-        "--timeout-max-tokens",
-        type=int,
-        default=512,
-        help="max_tokens of the non-streaming requests that give up",
     )
     g.add_argument("--burst-size", type=int, default=4, help="identical prompts sent at once")
     g.add_argument(
@@ -97,37 +102,39 @@ def _options(parser) -> None:
 
 
 class Settings:
-    """Options parsed once per process."""
+    """Options of one load, built when it starts (a remote worker gets them from the master)."""
 
     def __init__(self, o) -> None:
         self.model: str = o.model
         self.mix: Mix = make_mix(o.disconnect_ratio, o.disconnect_mix, o.complete_mix, o.burst_size)
         self.prompt_words = parse_span(o.prompt_words)
         self.max_tokens = parse_span(o.max_tokens)
+        self.disconnect_max_tokens: int = o.disconnect_max_tokens
         self.disconnect_after = parse_span(o.disconnect_after)
         self.first_byte_delay = parse_span(o.first_byte_delay)
         self.client_timeout = parse_span(o.client_timeout)
-        self.timeout_max_tokens: int = o.timeout_max_tokens
         self.burst_size: int = o.burst_size
         self.extra: dict = json.loads(o.extra_body or "{}")
         self.continuous_usage: bool = not o.no_continuous_usage
-        self.max_requests: int = o.max_requests
-        self.log = None
-        if o.events_log:
-            Path(o.events_log).mkdir(parents=True, exist_ok=True)
-            path = Path(o.events_log) / f"events-{os.getpid()}.jsonl"
-            self.log = open(path, "a", buffering=1)  # noqa: SIM115 (lives as long as the process)
 
 
 SETTINGS: Settings | None = None
+RECORDER: Recorder | None = None
 
 
 @events.init.add_listener
 def _init(environment: Environment, **_kw) -> None:
+    global RECORDER
+    o = environment.parsed_options
+    RECORDER = Recorder(environment, o.events_log if o else "")
+    if o and o.max_requests and not isinstance(environment.runner, WorkerRunner):
+        gevent.spawn(_stop_at_max_requests, environment, o.max_requests)
+
+
+@events.test_start.add_listener
+def _start(environment: Environment, **_kw) -> None:
     global SETTINGS
     SETTINGS = Settings(environment.parsed_options)
-    if SETTINGS.max_requests and not isinstance(environment.runner, WorkerRunner):
-        gevent.spawn(_stop_at_max_requests, environment, SETTINGS.max_requests)
 
 
 def _stop_at_max_requests(env: Environment, limit: int) -> None:
@@ -190,8 +197,8 @@ def report(env: Environment, out: client.Outcome) -> None:
             exception=None,
             context={},
         )
-    if SETTINGS and SETTINGS.log:
-        SETTINGS.log.write(json.dumps(out.record()) + "\n")
+    if RECORDER is not None:
+        RECORDER.add(out.record())
     if out.outcome == "error":
         gevent.sleep(0.2)  # a failing server is not hammered in a tight loop
 
@@ -221,50 +228,62 @@ class CompletionUser(User):
     def on_stop(self) -> None:
         self.session.close()
 
-    def body(self, stream: bool, text: str | None = None, max_tokens: int | None = None) -> dict:
-        text = text or prompt(self.rng, self.s.prompt_words.draw_int(self.rng))
-        n = max_tokens or self.s.max_tokens.draw_int(self.rng)
-        return client.payload(self.s.model, text, n, stream, self.s.extra, self.s.continuous_usage)
+    def body(self, stream: bool, max_tokens: int) -> dict:
+        text = prompt(self.rng, self.s.prompt_words.draw_int(self.rng))
+        return client.payload(
+            self.s.model, text, max_tokens, stream, self.s.extra, self.s.continuous_usage
+        )
 
     def run_kind(self, kind: str) -> None:
-        env, s, rng = self.environment, self.s, self.rng
+        s, rng = self.s, self.rng
+        if kind == "burst":
+            self.burst()
+            return
+        long = s.disconnect_max_tokens
         if kind == "full":
-            report(env, client.stream(self.session, self.base, self.body(True), kind))
+            body = self.body(True, s.max_tokens.draw_int(rng))
+            self.measure(kind, body, lambda out: client.stream(out, self.base, body))
         elif kind == "after-chunks":
             k = s.disconnect_after.draw_int(rng)
-            report(env, client.stream(self.session, self.base, self.body(True), kind, stop_after=k))
+            body = self.body(True, long)
+            self.measure(kind, body, lambda out: client.stream(out, self.base, body, stop_after=k))
         elif kind == "first-byte":
-            report(
-                env,
-                client.send_and_drop(
-                    self.base, self.body(True), kind, s.first_byte_delay.draw(rng)
-                ),
-            )
+            delay = s.first_byte_delay.draw(rng)
+            body = self.body(True, long)
+            self.measure(kind, body, lambda out: client.send_and_drop(out, self.base, body, delay))
         elif kind == "client-timeout":
-            body = self.body(False, max_tokens=s.timeout_max_tokens)
-            report(
-                env,
-                client.unary_with_timeout(
-                    self.session, self.base, body, kind, s.client_timeout.draw(rng)
-                ),
+            timeout = s.client_timeout.draw(rng)
+            body = self.body(False, long)
+            self.measure(
+                kind,
+                body,
+                lambda out: client.unary_with_timeout(out, self.session, self.base, body, timeout),
             )
-        elif kind == "burst":
-            self.burst()
         else:
             raise ValueError(kind)
 
+    def measure(self, kind: str, body: dict, send: Callable[[client.Outcome], object]) -> None:
+        out = client.Outcome(kind, time.time(), body["max_tokens"], body["stream"])
+        try:
+            send(out)
+        except gevent.GreenletExit:
+            out.left_early()  # the load ended under it; its record still counts
+            report(self.environment, out)
+            raise
+        report(self.environment, out)
+
     def burst(self) -> None:
         """Identical prompts at once, each on its own connection: prefix-cache pressure."""
-        body = self.body(True)
+        body = self.body(True, self.s.max_tokens.draw_int(self.rng))
         group = Group()
+        send = lambda out: client.stream(out, self.base, body)
         for _ in range(self.s.burst_size):
-            group.spawn(self._burst_one, body)
-        group.join()
-
-    def _burst_one(self, body: dict) -> None:
-        with requests.Session() as session:
-            session.headers.update(client.auth_headers())
-            report(self.environment, client.stream(session, self.base, body, "burst"))
+            group.spawn(self.measure, "burst", body, send)
+        try:
+            group.join()
+        except gevent.GreenletExit:
+            group.kill()  # each one records itself as cut short
+            raise
 
 
 class MixedUser(CompletionUser):

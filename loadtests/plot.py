@@ -1,4 +1,5 @@
-"""One PNG: throughput, TTFT percentiles, running requests and KV usage over time."""
+"""One PNG: throughput, TTFT percentiles, running requests, KV usage, and the tokens decoded for
+clients that had left against the waste bound, over time."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from loadtests.prom import Snapshot  # noqa: E402
 from loadtests.report import percentile  # noqa: E402
+from loadtests.waste import Waste, Window  # noqa: E402
 
 
 def _bins(points: list[tuple[float, float]], width: float, end: float) -> tuple[list, list]:
@@ -30,10 +32,12 @@ def plot(
     t0: float,
     load_end: float,
     baseline_kv: float,
+    rows: list[Window],
+    waste: Waste,
     window: float = 5.0,
 ) -> None:
     end = max([load_end - t0] + [s.t - t0 for s in samples])
-    fig, ax = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
+    fig, ax = plt.subplots(5, 1, figsize=(9, 12), sharex=True)
 
     done = [(e["start"] + e["duration"] - t0, e["tokens"] or 0) for e in events]
     x, tok = _bins(done, 1.0, end)
@@ -75,7 +79,26 @@ def plot(
     ax[3].plot(ts, [100 * s.kv_usage for s in samples], label="KV-cache usage")
     ax[3].axhline(100 * baseline_kv, color="gray", ls=":", label="idle before the run")
     ax[3].set_ylabel("%")
-    ax[3].set_xlabel("seconds since Locust started")
+
+    xs, decoded, allowed, total, disconnects = [0.0], [0.0], [0.0], 0.0, 0
+    for r in rows:
+        total += r.waste
+        disconnects += r.disconnects
+        xs.append(r.end - t0)
+        decoded.append(total)
+        allowed.append(waste.bound_steps * disconnects)
+    verdict = {True: "within", False: "ABOVE", None: "not measured"}[waste.ok]
+    ax[4].plot(xs, decoded, color="crimson", label=f"decoded for clients that had left ({verdict})")
+    ax[4].plot(
+        xs,
+        allowed,
+        color="gray",
+        ls="--",
+        label=f"bound: {waste.bound_steps:g} steps per disconnect",
+    )
+    ax[4].set_ylabel("tokens (cumulative)")
+    ax[4].set_xlabel("seconds since Locust started")
+    ax[4].legend(loc="upper left", fontsize=8)
 
     for a in ax:
         a.axvline(load_end - t0, color="red", ls="--", lw=0.8, label="Locust exited")
@@ -83,5 +106,5 @@ def plot(
     ax[3].legend(loc="upper left", fontsize=8)
     ax[0].set_title(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=72)
     plt.close(fig)

@@ -1,9 +1,8 @@
-"""`python -m loadtests run`: server, Locust, `/metrics` sampling, leak check, reports."""
+"""`python -m loadtests run`: server, Locust, `/metrics` sampling, leak and waste checks."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -12,14 +11,19 @@ from pathlib import Path
 
 import httpx
 
-from loadtests import report, server
+from loadtests import report, server, waste
 from loadtests.client import API_KEY_ENV, auth_headers
+from loadtests.options import parse_span
 from loadtests.plot import plot
+from loadtests.probe import ProbeResult, run_probe
 from loadtests.prom import MissingMetrics
-from loadtests.watch import Sampler, idle_baseline, still_serves, wait_idle, warm_up
+from loadtests.tail import Tail
+from loadtests.tail import follow as follow_tail
+from loadtests.watch import Sampler, Verdict, idle_baseline, still_serves, wait_idle, warm_up
 
 ROOT = Path(__file__).resolve().parent.parent
-OK, LEAK, ERRORS, SETUP = 0, 1, 2, 3
+OK, LEAK, ERRORS, SETUP, WASTE = 0, 1, 2, 3, 4
+LONG_GENERATION_CAP = 4096
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,7 +57,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Locust user classes (default MixedUser; spike: MixedUser StormUser)",
     )
     load.add_argument("--disconnect-ratio", type=float, default=0.5)
-    load.add_argument("--max-tokens", default="16-64")
+    load.add_argument("--max-tokens", default="16-64", help="of the requests read to the end")
+    load.add_argument(
+        "--disconnect-max-tokens",
+        type=int,
+        default=0,
+        help="max_tokens of the requests whose client disconnects (default: as long as the "
+        f"served model's max_model_len allows, at most {LONG_GENERATION_CAP})",
+    )
     load.add_argument("--prompt-words", default="8-128")
     load.add_argument("--warmup", type=int, default=4, help="requests sent before the baseline")
     check = p.add_argument_group("checks and reports")
@@ -72,6 +83,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     check.add_argument("--sample-interval", type=float, default=0.5)
     check.add_argument(
+        "--waste-steps",
+        type=float,
+        default=8,
+        help="the waste bound: engine steps (one token each) a disconnected request may still "
+        "run, per disconnect; above it the run fails with WASTE (exit 4)",
+    )
+    check.add_argument(
+        "--probe-requests",
+        type=int,
+        default=4,
+        help="streams hung up at once in each round of the disconnect probe after the load "
+        "(0: no probe)",
+    )
+    check.add_argument("--probe-rounds", type=int, default=3)
+    check.add_argument("--window", type=float, default=5.0, help="seconds per row of waste.csv")
+    check.add_argument(
         "--allow-errors",
         action="store_true",
         help="do not fail on request errors (HTTP 4xx/5xx, broken streams)",
@@ -79,7 +106,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def locust_command(
-    a: argparse.Namespace, base: str, model: str, out: Path, extra: list[str]
+    a: argparse.Namespace, base: str, model: str, out: Path, extra: list[str], long_tokens: int
 ) -> list[str]:
     files = str(ROOT / "loadtests/locustfile.py")
     classes = a.user_class or (["MixedUser", "StormUser"] if a.shape == "spike" else ["MixedUser"])
@@ -92,12 +119,26 @@ def locust_command(
     cmd += ["--exit-code-on-error", "0", "--stop-timeout", "5"]
     cmd += ["--model", model, "--events-log", str(out / "events"), "--shape", a.shape]
     cmd += ["--disconnect-ratio", str(a.disconnect_ratio), "--max-tokens", a.max_tokens]
-    cmd += ["--prompt-words", a.prompt_words]
+    cmd += ["--prompt-words", a.prompt_words, "--disconnect-max-tokens", str(long_tokens)]
     if a.max_requests:
         cmd += ["--max-requests", str(a.max_requests)]
     if a.processes > 1:
         cmd += ["--processes", str(a.processes)]
+        if "--master-bind-port" not in extra:  # not Locust's fixed 5557: runs may share a host
+            port = str(server.free_port())
+            cmd += ["--master-bind-host", server.LOOPBACK, "--master-bind-port", port]
+            cmd += ["--master-port", port]
     return cmd + extra + classes
+
+
+def long_generation(max_model_len: int | None, prompt_words: str) -> int:
+    """max_tokens for the disconnecting clients: what the context leaves after the longest
+    prompt (a word may take two tokens), so that a server that does not abort is still
+    decoding for them when the load ends."""
+    if not max_model_len:
+        return 1024
+    room = max_model_len - 2 * int(parse_span(prompt_words).hi) - 16
+    return max(16, min(LONG_GENERATION_CAP, room))
 
 
 def _model_dir(name: str) -> str:
@@ -131,13 +172,18 @@ def run(a: argparse.Namespace, extra: list[str]) -> int:
 def _measure(
     a: argparse.Namespace, base: str, out: Path, extra: list[str], proc: subprocess.Popen | None
 ) -> int:
-    model = _served_model(base) or a.model
+    card = _served_model(base)
+    model = card.get("id") or a.model
+    long_tokens = a.disconnect_max_tokens or long_generation(
+        card.get("max_model_len"), a.prompt_words
+    )
     warm_up(base, model, a.warmup)
     baseline = idle_baseline(base, a.idle_timeout)
     sampler = Sampler(base, a.sample_interval)
     sampler.start()
     t0 = time.time()
-    cmd = locust_command(a, base, model, out, extra)
+    load_at_start = os.getloadavg()[0]
+    cmd = locust_command(a, base, model, out, extra, long_tokens)
     print(f"loadtests: {' '.join(cmd)}", flush=True)
     env = {
         **os.environ,
@@ -148,14 +194,28 @@ def _measure(
     except subprocess.TimeoutExpired:
         rc = -1
     load_end = time.time()
+    try:  # every client has gone: follow what the server still decodes, in engine steps
+        tail: Tail | None = follow_tail(base, baseline, a.waste_steps, max(4 * a.waste_steps, 64))
+    except (httpx.HTTPError, MissingMetrics):
+        tail = None
     verdict = wait_idle(
         base, baseline, a.idle_timeout, a.kv_tolerance, dead_after=min(10.0, a.idle_timeout)
     )
     sampler.stop()
-    problems = [] if verdict.ok else [verdict.message]
+    problems = [] if verdict.ok else [verdict.message + _still_decoding(tail, verdict)]
     if proc is not None and proc.poll() is not None:
         problems.append(f"server process exited with {proc.returncode}")
     events = report.load_events(out / "events")
+    after = verdict.last or (tail.last if tail else None) or (sampler.samples or [baseline])[-1]
+    w = waste.measure(events, sampler.samples, baseline, after, a.waste_steps, verdict.ok)
+    if not a.probe_requests:
+        probe = ProbeResult(0, a.waste_steps, note="off (--probe-requests 0)")
+    elif not verdict.ok or problems:
+        probe = ProbeResult(0, a.waste_steps, note="skipped: the server was not idle")
+    else:
+        probe = run_probe(
+            base, model, a.probe_requests, long_tokens, a.waste_steps, rounds=a.probe_rounds
+        )
     if verdict.ok and not problems:
         problem = still_serves(base, model)
         problems += [problem] if problem else []
@@ -168,15 +228,25 @@ def _measure(
         run_time_s=a.run_time,
         shape=a.shape,
         disconnect_ratio=a.disconnect_ratio,
+        disconnect_max_tokens=long_tokens,
         leaks=problems or "none",
         seconds_to_idle=verdict.seconds_to_idle,
         locust_exit_code=rc,
         metrics_errors=len(sampler.errors),
+        load_average=[round(load_at_start, 2), round(os.getloadavg()[0], 2)],
+        waste=w.as_dict(),
+        waste_verdict=w.verdict(),
+        aborts=waste.aborts_line(w),
+        probe=probe.as_dict(),
+        probe_verdict=probe.describe(),
+        tail=tail.as_dict() if tail else None,
+        tail_verdict=tail.describe() if tail else "after the load: /metrics did not answer",
     )
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    _write_samples(out / "metrics.csv", sampler.samples)
+    samples = [baseline, *sampler.samples]
+    rows = waste.windows(events, samples + [after], t0, after.t, a.window)
     title = f"{base}  users={a.users} run={a.run_time:g}s disconnect={a.disconnect_ratio:g}"
-    plot(out / "loadtest.png", title, events, sampler.samples, t0, load_end, baseline.kv_usage)
+    plot(out / "loadtest.png", title, events, samples, t0, load_end, baseline.kv_usage, rows, w)
+    report.write_all(out, summary, samples, rows, probe)
     print("\n" + report.table(summary))
     idle = (
         f"idle {verdict.seconds_to_idle:.1f} s after the load"
@@ -184,7 +254,16 @@ def _measure(
         else ""
     )
     print(f"leak check: {'none (' + idle + ')' if not problems else '; '.join(problems)}")
-    print(f"reports: {out}", flush=True)
+    checks = [(w.verdict(), w.ok), (summary["tail_verdict"], tail.ok if tail else None)]
+    checks.append((probe.describe(), probe.ok))
+    for line, _ in checks:
+        print(line)
+    print(summary["aborts"])
+    print(f"reports: {out} (report.html)", flush=True)
+    failed = [line for line, ok in checks if ok is False]
+    if failed:
+        print(f"loadtests: FAILED: {'; '.join(failed)}", flush=True)
+        return WASTE
     if problems:
         print(f"loadtests: FAILED: {'; '.join(problems)}", flush=True)
         return LEAK
@@ -200,19 +279,51 @@ def _measure(
     return OK
 
 
-def _served_model(base: str) -> str | None:
+def _still_decoding(tail: Tail | None, verdict: Verdict) -> str:
+    """Tells a server still decoding for nobody from one that is stuck."""
+    start = tail.start.gen_tokens if tail else None
+    last = verdict.last.gen_tokens if verdict.last is not None else None
+    if start is None or last is None or last <= start:
+        return ""
+    return f"; still generating ({last - start:,.0f} tokens since the load ended)"
+
+
+def add_probe_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", required=True, help="URL of a running, idle server")
+    p.add_argument("--requests", type=int, default=4, help="streams hung up at once")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--waste-steps", type=float, default=8, help="the bound, as for `run`")
+    p.add_argument("--max-tokens", type=int, default=0, help="default: from max_model_len")
+    p.add_argument("--prompt-words", default="8-128", help=argparse.SUPPRESS)
+    p.add_argument("--api-key", help=f"bearer key for /v1 (or set {API_KEY_ENV})")
+
+
+def probe(a: argparse.Namespace) -> int:
+    """Exit 0 within the bound, WASTE above it, SETUP if no round ran."""
+    if a.api_key:
+        os.environ[API_KEY_ENV] = a.api_key
+    base = a.host.rstrip("/")
+    card = _served_model(base)
+    if not card:
+        print(f"loadtests: FAILED: {base}/v1/models did not answer", flush=True)
+        return SETUP
+    tokens = a.max_tokens or long_generation(card.get("max_model_len"), a.prompt_words)
+    warm_up(base, card["id"], 4)
+    first = run_probe(base, card["id"], a.requests, tokens, a.waste_steps, rounds=1)
+    print(f"warm-up (not judged): {first.describe().removeprefix('WASTE: ')}", flush=True)
+    result = run_probe(base, card["id"], a.requests, tokens, a.waste_steps, rounds=a.rounds)
+    for i, r in enumerate(result.as_dict()["rounds"], 1):
+        print(f"round {i}: " + ", ".join(f"{k} {v:.4g}" for k, v in r.items() if v is not None))
+    print(result.describe(), flush=True)
+    if result.ok is False:
+        return WASTE
+    return OK if result.ok else SETUP
+
+
+def _served_model(base: str) -> dict:
+    """The first card of `/v1/models` (`id`, and `max_model_len` on vLLM and ours)."""
     try:
         resp = httpx.get(base + "/v1/models", timeout=10, headers=auth_headers())
-        return resp.json()["data"][0]["id"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError):
-        return None
-
-
-def _write_samples(path: Path, samples: list) -> None:
-    lines = ["t,running,waiting,kv_usage,generation_tokens_total"]
-    lines += [
-        f"{s.t:.3f},{s.running:g},{s.waiting:g},{s.kv_usage:.6f},"
-        f"{'' if s.gen_tokens is None else f'{s.gen_tokens:g}'}"
-        for s in samples
-    ]
-    path.write_text("\n".join(lines) + "\n")
+        return dict(resp.json()["data"][0])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return {}

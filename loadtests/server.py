@@ -53,15 +53,19 @@ def start(cmd: list[str], base: str, log: Path, timeout: float) -> subprocess.Po
             cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
     deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {tail(log)}")
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
+    try:
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}: {tail(log)}")
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    return proc
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+    except BaseException:  # interrupted while it starts: it must not outlive the runner
+        stop(proc)
+        raise
     stop(proc)
     raise RuntimeError(f"server not healthy after {timeout:g} s: {tail(log)}")
 

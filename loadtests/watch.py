@@ -26,7 +26,7 @@ class Sampler(threading.Thread):
         with httpx.Client(timeout=5, headers=auth_headers()) as c:
             while not self._stop_event.is_set():
                 try:
-                    self.samples.append(snapshot(c, self.base, time.time()))
+                    self.samples.append(snapshot(c, self.base))
                 except (httpx.HTTPError, MissingMetrics) as e:
                     self.errors.append((time.time(), f"{type(e).__name__}: {e}"))
                 self._stop_event.wait(self.interval)
@@ -52,7 +52,7 @@ def idle_baseline(base: str, timeout: float) -> Snapshot:
     with httpx.Client(timeout=5, headers=auth_headers()) as c:
         while time.time() < deadline:
             try:
-                last = snapshot(c, base, time.time())
+                last = snapshot(c, base)
                 if not last.busy:
                     return last
             except MissingMetrics:
@@ -81,7 +81,7 @@ def wait_idle(
         while True:
             now = time.time()
             try:
-                last = snapshot(c, base, now)
+                last = snapshot(c, base)
                 silent_since = None
                 if not last.busy and last.kv_usage <= baseline.kv_usage + tolerance:
                     return Verdict(True, "none", now - t0, last)

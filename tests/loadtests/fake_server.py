@@ -37,6 +37,7 @@ class Engine:
         self.running: list[Req] = []
         self.waiting: deque[Req] = deque()
         self.gen_tokens = 0
+        self.steps = 0
         self.finished: Counter[str] = Counter()
 
     def blocks(self, r: Req) -> int:
@@ -56,6 +57,9 @@ class Engine:
                 self.running.remove(r)
             elif r in self.waiting:
                 self.waiting.remove(r)
+            else:
+                return
+            self.finished["abort"] += 1
 
     async def loop(self) -> None:
         while True:
@@ -66,6 +70,7 @@ class Engine:
                 and self.usage() + self.blocks(self.waiting[0]) / self.num_blocks <= 1
             ):
                 self.running.append(self.waiting.popleft())
+            self.steps += bool(self.running)
             for r in list(self.running):
                 if r.stuck:
                     continue
@@ -87,6 +92,7 @@ class Engine:
             f"vllm:num_requests_waiting{lab} {len(self.waiting)}",
             f"vllm:kv_cache_usage_perc{lab} {self.usage()}",
             f"vllm:generation_tokens_total{lab} {self.gen_tokens}",
+            f"vllm:iteration_tokens_total_count{lab} {self.steps}",
         ]
         lines += [
             f'vllm:request_success_total{{finished_reason="{k}",model_name="fake"}} {v}'

@@ -19,6 +19,7 @@ HISTOGRAMS = [
     "vllm:time_to_first_token_seconds",
     "vllm:inter_token_latency_seconds",
     "vllm:e2e_request_latency_seconds",
+    "vllm:iteration_tokens_total",
 ]
 
 
@@ -59,6 +60,10 @@ def test_counters_follow_requests(server: RunningServer):
     assert delta("vllm:time_to_first_token_seconds_count") == 1
     assert delta("vllm:e2e_request_latency_seconds_count") == 1
     assert delta("vllm:inter_token_latency_seconds_count") >= 1
+    # One engine step per generated token here (one prefill step makes the first token).
+    assert delta("vllm:iteration_tokens_total_count") == 6
+    steps_sum = delta("vllm:iteration_tokens_total_sum")
+    assert steps_sum == out["usage"]["prompt_tokens"] + 6
 
 
 def test_spec_decode_counters():

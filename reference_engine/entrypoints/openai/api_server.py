@@ -30,6 +30,7 @@ from reference_engine.entrypoints.openai.protocol import (
     CompletionRequest,
     ModelCard,
     ModelList,
+    StreamOptions,
 )
 from reference_engine.entrypoints.openai.serving_chat import OpenAIServingChat
 from reference_engine.entrypoints.openai.serving_common import engine_max_model_len
@@ -102,8 +103,8 @@ def build_app(
         p = completion.prepare(req, completion.request_id(raw, req))
         headers = id_header(raw, p.rid)
         if req.stream:
-            usage = bool(req.stream_options and req.stream_options.include_usage)
-            return SSEResponse(completion.stream(p, usage), headers)
+            opts = req.stream_options or StreamOptions()
+            return SSEResponse(completion.stream(p, opts), headers)
         ok, resp = await run_unless_disconnected(raw, completion.full(p))
         return JSONResponse(resp.model_dump(), headers=headers) if ok else _client_disconnected()
 
@@ -114,8 +115,8 @@ def build_app(
         p, top = chat.prepare(req, chat.request_id(raw, req))
         headers = id_header(raw, p.rid)
         if req.stream:
-            usage = bool(req.stream_options and req.stream_options.include_usage)
-            return SSEResponse(chat.stream(p, top, usage), headers)
+            opts = req.stream_options or StreamOptions()
+            return SSEResponse(chat.stream(p, top, opts), headers)
         ok, resp = await run_unless_disconnected(raw, chat.full(p, top))
         return JSONResponse(resp.model_dump(), headers=headers) if ok else _client_disconnected()
 

@@ -11,7 +11,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 # vLLM labels every series with the model and the engine (data-parallel) index.
@@ -76,6 +81,17 @@ class EngineCollector(Collector):
         for reason in sorted(set(FINISH_REASONS) | set(s.finished_requests)):
             done.add_metric([*m, reason], s.finished_requests.get(reason, 0))
         yield done
+        # The engine counts its steps but keeps no per-step sizes: the one bucket is +Inf, so
+        # `_count` is the number of engine steps (what load tests and the http adapter read).
+        steps = HistogramMetricFamily(
+            "vllm:iteration_tokens_total",
+            "Engine steps (_count) and the prompt plus generated tokens they processed (_sum).",
+            labels=LABELS,
+        )
+        steps.add_metric(
+            m, [("+Inf", s.num_steps)], s.prompt_tokens_total + s.generation_tokens_total
+        )
+        yield steps
         yield counter(
             "vllm:spec_decode_num_drafts", "Speculative drafts proposed.", s.spec_num_drafts
         )

@@ -25,6 +25,16 @@ class StreamOptions(_Request):
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
 
+    @property
+    def final_usage(self) -> bool:
+        """A last chunk with ``"choices": []`` and the request's usage."""
+        return bool(self.include_usage)
+
+    @property
+    def usage_in_every_chunk(self) -> bool:
+        """Cumulative usage in every chunk too, as vLLM does: only along with ``include_usage``."""
+        return bool(self.include_usage and self.continuous_usage_stats)
+
 
 class SamplingFields(_Request):
     """Fields shared by completions and chat: the OpenAI ones, then vLLM's extras."""

@@ -20,6 +20,8 @@ from reference_engine.entrypoints.openai.protocol import (
     ChatTokenLogprob,
     ChatTopLogprob,
     DeltaMessage,
+    StreamOptions,
+    UsageInfo,
 )
 from reference_engine.entrypoints.openai.serving_common import (
     Generation,
@@ -91,13 +93,16 @@ class OpenAIServingChat(OpenAIServing):
             usage=self.usage(len(p.ids), len(gen.token_ids)),
         )
 
-    async def stream(self, p: Prepared, top: int, include_usage: bool) -> AsyncIterator[str]:
-        def chunk(choices: list[ChatStreamChoice], usage=None) -> str:
+    async def stream(self, p: Prepared, top: int, opts: StreamOptions) -> AsyncIterator[str]:
+        num_tokens = 0
+
+        def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
+            if usage is None and opts.usage_in_every_chunk:
+                usage = self.usage(len(p.ids), num_tokens)
             return event(
                 ChatCompletionChunk(id=p.rid, model=self.model_name, choices=choices, usage=usage)
             )
 
-        num_tokens = 0
         try:
             yield chunk([ChatStreamChoice(delta=DeltaMessage(role="assistant", content=""))])
             async for out in self.generate(p.ids, p.text, p.params, p.rid):
@@ -118,7 +123,7 @@ class OpenAIServingChat(OpenAIServing):
                         )
                     ]
                 )
-            if include_usage:
+            if opts.final_usage:
                 yield chunk([], self.usage(len(p.ids), num_tokens))
         except OpenAIError as e:
             yield sse_error(e)

@@ -10,6 +10,7 @@ from reference_engine.entrypoints.openai.protocol import (
     CompletionLogProbs,
     CompletionRequest,
     CompletionResponse,
+    StreamOptions,
 )
 from reference_engine.entrypoints.openai.serving_common import (
     Generation,
@@ -78,7 +79,7 @@ class OpenAIServingCompletion(OpenAIServing):
             usage=self.usage(len(p.ids), len(gen.token_ids)),
         )
 
-    async def stream(self, p: Prepared, include_usage: bool) -> AsyncIterator[str]:
+    async def stream(self, p: Prepared, opts: StreamOptions) -> AsyncIterator[str]:
         num_tokens, offset, prompt_sent = 0, 0, False
         try:
             async for out in self.generate(p.ids, p.text, p.params, p.rid):
@@ -108,9 +109,10 @@ class OpenAIServingCompletion(OpenAIServing):
                             token_ids=ids,
                         )
                     ],
+                    usage=self.usage(len(p.ids), num_tokens) if opts.usage_in_every_chunk else None,
                 )
                 yield event(chunk)
-            if include_usage:
+            if opts.final_usage:
                 last = CompletionResponse(
                     id=p.rid,
                     model=self.model_name,
