@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 
+from conformance import fixtures
 from loadtests import report, server, waste
 from loadtests.client import API_KEY_ENV, auth_headers
 from loadtests.options import parse_span
@@ -39,7 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--server-cmd",
         help="command template to start instead: {model} {port} {python} {reference} {vllm_python}",
     )
-    t.add_argument("--model", default="fixtures/models/tiny-llama", help="model folder to serve")
+    t.add_argument(
+        "--model", default=str(fixtures.model_path()), help="model folder to serve (a fixture's)"
+    )
     t.add_argument("--vllm-python", default=str(ROOT / ".tox/conformance-vllm/bin/python"))
     t.add_argument("--startup-timeout", type=float, default=300)
     t.add_argument("--api-key", help=f"bearer key for /v1 (or set {API_KEY_ENV})")
