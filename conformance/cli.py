@@ -1,7 +1,7 @@
 """``engine-conformance``: run the conformance suite against an engine, or list its properties.
 
     engine-conformance run --engine SPEC [--model PATH|FIXTURE] [--engine-option KEY=VALUE ...]
-        [--report PATH] [--profile ci|thorough] [-- PYTEST_ARGS ...]
+        [--report PATH] [--profile ci|thorough|first-failure] [-- PYTEST_ARGS ...]
     engine-conformance properties [--json]
 
 ``run`` is ``pytest`` on the installed suite with the plugin's options, isolated from the
@@ -89,7 +89,11 @@ def parser() -> argparse.ArgumentParser:
         help="engine keyword option; VALUE is read as JSON when it parses",
     )  # fmt: skip
     r.add_argument("--report", metavar="PATH", help="write PATH.md, .json, .html and .xml (JUnit)")
-    r.add_argument("--profile", choices=["ci", "thorough"], help="hypothesis profile (default: ci)")
+    r.add_argument(
+        "--profile",
+        choices=["ci", "thorough", "first-failure"],
+        help="hypothesis profile (default: ci)",
+    )
     r.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: more pytest arguments")
     r.set_defaults(func=run)
     p = sub.add_parser("properties", help="list each property and the fault it catches")

@@ -2,7 +2,7 @@
 
     pytest --pyargs conformance --engine=reference|vllm|http://HOST:PORT|pkg.module:factory
         [--model=PATH|FIXTURE] [--engine-option key=value ...] [--conformance-report=PATH]
-        [--hypothesis-profile=ci|thorough]
+        [--hypothesis-profile=ci|thorough|first-failure]
 
 Each option has an environment variable for tox and CI: CONFORMANCE_ENGINE, CONFORMANCE_MODEL,
 CONFORMANCE_ENGINE_OPTIONS (a JSON object), CONFORMANCE_REPORT, CONFORMANCE_PROFILE; and two
@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 settings.register_profile(
     "ci",
@@ -35,6 +35,13 @@ settings.register_profile(
     database=None,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+# The CI profile that stops at the first failing example, unshrunk: for checking that a fault is
+# caught at all (the mutation tests), where shrinking a slow failure would take minutes.
+settings.register_profile(
+    "first-failure",
+    parent=settings.get_profile("ci"),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 settings.register_profile(
     "thorough",

@@ -178,16 +178,19 @@ def test_the_request_leaves_within_the_step_bound(
     by_hand = how in ("aclose", "drop")
 
     async def scenario() -> Any:
+        # Prompts of this case's own: a prompt cached by an earlier case would start with a
+        # prefix hit (a shorter prefill, and the leaked blocks of a failed case reused).
+        seed = 2 * CASES.index((how, when))
         blocker = None
         if when == "queued":
-            first = shape.tokens(8, 1)
+            first = shape.tokens(8, seed + 1)
             blocker = Victim(engine, first, endless(adapter, shape, first))
             blocker.start()
             await blocker.read_until(1)
         if when in ("before_first_output", "chunked_prefill"):
-            prompt = shape.chunked_prompt(2)
+            prompt = shape.chunked_prompt(seed)
         else:
-            prompt = shape.tokens(8, 3)
+            prompt = shape.tokens(8, seed)
         if when == "last_step":
             params = adapter.sampling_params(
                 "DELTA", temperature=0.0, ignore_eos=True, max_tokens=LAST_STEP_TOKENS

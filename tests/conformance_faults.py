@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -49,6 +50,7 @@ class Faulty(ReferenceAdapter):
 
     front: Callable[[Any], Any] | None = None
     core: Callable[[Any], None] | None = None
+    pause: float = 0.0  # seconds the online loop waits after each step
 
     def make_offline(self, **overrides: Any) -> Any:
         engine = super().make_offline(**overrides)
@@ -60,6 +62,8 @@ class Faulty(ReferenceAdapter):
         engine = super().make_online(**overrides)
         if self.core:
             self.core(engine.engine)
+        if self.pause:
+            pause_after_outputs(engine, self.pause)
         return self.front(engine) if self.front else engine
 
     def shutdown(self, engine: Any) -> None:
@@ -69,10 +73,25 @@ class Faulty(ReferenceAdapter):
         super().kill(getattr(engine, "inner", engine))
 
 
-def fault(front: Any = None, core: Any = None, base: type = Faulty) -> Callable:
+def fault(front: Any = None, core: Any = None, base: type = Faulty, pause: float = 0.0) -> Callable:
     cls = type("Fault", (base,), {"front": staticmethod(front) if front else None,
-                                  "core": staticmethod(core) if core else None})  # fmt: skip
+                                  "core": staticmethod(core) if core else None,
+                                  "pause": pause})  # fmt: skip
     return lambda config: cls(config)
+
+
+def pause_after_outputs(engine: Any, seconds: float) -> None:
+    """The online loop waits ``seconds`` after each step (once its outputs are out) before it
+    takes the next commands: a slower model. A fault that only shows when an abort lands in a narrow
+    state (a prefill still in chunks, the step before the last) is then planted where the
+    test's abort lands, however busy the machine running the test is."""
+    original = engine._dispatch
+
+    def dispatch(outputs: Any) -> None:
+        original(outputs)
+        time.sleep(seconds)
+
+    engine._dispatch = dispatch
 
 
 class Front:
@@ -503,8 +522,8 @@ no_abort_on_close = fault(front=NoAbortOnClose)
 late_abort = fault(front=LateAbort)
 abort_list_first_only = fault(front=AbortListFirstOnly)
 queued_abort_ignored = fault(core=ignore_queued_aborts)
-leak_on_chunked_prefill_abort = fault(core=leak_on_prefill_abort)
-abort_on_last_step_pins_blocks = fault(core=last_step_abort_pins)
+leak_on_chunked_prefill_abort = fault(core=leak_on_prefill_abort, pause=0.1)
+abort_on_last_step_pins_blocks = fault(core=last_step_abort_pins, pause=0.1)
 leaky_abort = fault(core=leaky_abort)
 abort_hits_a_neighbour = fault(core=abort_hits_a_neighbour)
 leak_on_stop_string = fault(core=leak_on_stop_string)

@@ -42,9 +42,9 @@ MUTANTS = [
            "after the abort"),
     Mutant("queued_abort_ignored", "test_abort_promptness.py", "abort-queued",
            "finish_reason 'length' after the abort"),
-    Mutant("leak_on_chunked_prefill_abort", "test_abort_promptness.py",
-           "abort-chunked_prefill or cancel-chunked_prefill", "KV blocks not freed"),
-    Mutant("abort_on_last_step_pins_blocks", "test_abort_promptness.py", "abort-last_step",
+    Mutant("leak_on_chunked_prefill_abort", "test_abort_promptness.py", "chunked_prefill",
+           "KV blocks not freed"),
+    Mutant("abort_on_last_step_pins_blocks", "test_abort_promptness.py", "last_step",
            "KV blocks not freed"),
     Mutant("refuses_long_prompts", "test_abort_promptness.py", "abort-chunked_prefill",
            "the engine refused request"),
@@ -101,6 +101,7 @@ def run_suite(fault: str, suite: str, select: str, model: str, report: Path) -> 
         sys.executable, "-m", "pytest", f"conformance/{suite}", "-k", select,
         f"--engine=tests.conformance_faults:{fault}", f"--model=fixtures/models/{model}",
         f"--conformance-report={report}", "-q", "-p", "no:cacheprovider",
+        "--hypothesis-profile=first-failure",
     ]  # fmt: skip
     # A leak shows in 10 s and a hang in 20: the healthy engine needs well under a second.
     env = {**os.environ, "CONFORMANCE_IDLE_TIMEOUT": "10", "CONFORMANCE_STREAM_TIMEOUT": "20"}
