@@ -85,7 +85,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if USAGE_ERROR in config.stash:
         raise config.stash[USAGE_ERROR]
     adapter = config.stash[ADAPTER]
-    expected = load_expected_failures(adapter.name)
+    expected = load_expected_failures(adapter.name, adapter.describe().get("version"))
     for item in items:
         # Node ids of an installed suite start at the folder pytest was given: use the file's path.
         path = item.path.resolve()

@@ -115,6 +115,18 @@ def matrix_markdown(out: Path, names: list[str]) -> str:
             cells.append(row["verdict"])
             notes += [f"- **{name}**, {prop}: {n}" for n in row["notes"]]
         lines.append(f"| {prop} | " + " | ".join(cells) + " |")
+    lines += ["", "| measured (worst case, bound) | " + " | ".join(names) + " |",
+              "|---|" + "---|" * len(names)]  # fmt: skip
+    measured = sorted({m for r in results.values() for m in r.get("measurements", {})})
+    for m in measured:
+        cells = []
+        for name in names:
+            got = results.get(name, {}).get("measurements", {}).get(m)
+            if got is None:
+                cells.append("-")
+            else:
+                cells.append(f"{got['max']} (<= {got['bound']}), {got['cases']} cases")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
     header = ["| engine | details |", "|---|---|"]
     for name, r in results.items():
         header.append(f"| {name} | " + ", ".join(f"{k} {v}" for k, v in r["engine"].items()) + " |")

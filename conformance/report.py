@@ -27,6 +27,14 @@ class ExpectedFailure:
     test: str
     reason: str
     link: str = ""
+    # The engine versions it holds for, each a prefix ("0.3" holds for 0.30.0 and 0.31.0);
+    # none: every version.
+    versions: tuple[str, ...] = ()
+
+    def holds_for(self, version: str | None) -> bool:
+        if not self.versions or version is None:
+            return True
+        return any(version.startswith(v) for v in self.versions)
 
     def matches(self, node: str) -> bool:
         if "*" in self.test:
@@ -34,13 +42,18 @@ class ExpectedFailure:
         return node.startswith(self.test)
 
 
-def load_expected_failures(engine: str) -> list[ExpectedFailure]:
-    """``expected_failures/<engine>.toml``: ``[[xfail]]`` tables with test, reason, link."""
+def load_expected_failures(engine: str, version: str | None = None) -> list[ExpectedFailure]:
+    """``expected_failures/<engine>.toml``: ``[[xfail]]`` tables with test, reason, link and
+    optionally the engine versions they hold for; those of ``version`` (all, if unknown)."""
     path = EXPECTED_FAILURES_DIR / f"{engine}.toml"
     if not path.exists():
         return []
     data = tomllib.loads(path.read_text(encoding="utf-8"))
-    return [ExpectedFailure(**entry) for entry in data.get("xfail", [])]
+    entries = [
+        ExpectedFailure(**{**e, "versions": tuple(e.get("versions", ()))})
+        for e in data.get("xfail", [])
+    ]
+    return [e for e in entries if e.holds_for(version)]
 
 
 @dataclass

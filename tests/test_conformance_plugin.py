@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conformance import properties, report_html
+import pytest
+
+from conformance import properties, report, report_html
 from conformance.report import Summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,3 +118,21 @@ def test_loading_the_plugin_twice_is_one_plugin() -> None:
                       "--collect-only", "-q")  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "3 tests collected" in proc.stdout
+
+
+def test_expected_failures_hold_for_the_versions_they_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "eng.toml").write_text(
+        '[[xfail]]\ntest = "test_a.py"\nreason = "everywhere"\n\n'
+        '[[xfail]]\ntest = "test_b.py"\nreason = "since 0.30"\nversions = ["0.30", "0.31"]\n'
+    )
+    monkeypatch.setattr(report, "EXPECTED_FAILURES_DIR", tmp_path)
+
+    def tests(version: str | None) -> list[str]:
+        return [e.test for e in report.load_expected_failures("eng", version)]
+
+    assert tests("0.27.1") == ["test_a.py"]
+    assert tests("0.31.0") == ["test_a.py", "test_b.py"]
+    assert tests(None) == ["test_a.py", "test_b.py"]  # an unknown version: every entry
+    assert report.load_expected_failures("other", "0.31.0") == []
