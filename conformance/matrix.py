@@ -86,7 +86,7 @@ def run_column(column: Column, python: str, out: Path, pytest_args: list[str]) -
     }
     if "VLLM_ENABLE_V1_MULTIPROCESSING" not in column.env:
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    log = report.with_suffix(".log")
+    log = report.parent / f"{report.name}.log"  # not with_suffix: "vllm-0.27.1" has a dot
     print(f"[{column.name}] {' '.join(cmd)} (log: {log})", flush=True)
     started = time.monotonic()
     with open(log, "wb") as f:
