@@ -19,6 +19,7 @@ Bound: exact (or the near-tie rule).
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,7 @@ def test_lifecycle_state_machine(
     record_property: Any,
 ) -> None:
     exact = adapter.capabilities.batch_invariant
+    done: Counter[str] = Counter()  # rules run, by name, over every run
 
     class Lifecycle(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -79,6 +81,7 @@ def test_lifecycle_state_machine(
 
         @rule(prompt=st.sampled_from(PROMPTS), max_tokens=st.integers(4, 16))
         def add(self, prompt: str, max_tokens: int) -> None:
+            done["add"] += 1
             async def start() -> Tracked:
                 stream = Stream(fresh_id("life"))
                 params = adapter.sampling_params(max_tokens=max_tokens, **PARAMS)
@@ -91,6 +94,7 @@ def test_lifecycle_state_machine(
         @precondition(lambda self: self.live())
         @rule(data=st.data())
         def abort(self, data: st.DataObject) -> None:
+            done["abort"] += 1
             victim = data.draw(st.sampled_from(self.live()), label="abort")
             victim.fate = "aborted"
             aio.run(online.abort(victim.stream.request_id))
@@ -98,6 +102,7 @@ def test_lifecycle_state_machine(
         @precondition(lambda self: len(self.live()) >= 2)
         @rule(data=st.data())
         def abort_several(self, data: st.DataObject) -> None:
+            done["abort_several"] += 1
             live = self.live()
             victims = data.draw(st.lists(st.sampled_from(live), min_size=2, max_size=len(live),
                                          unique_by=id), label="abort list")  # fmt: skip
@@ -108,6 +113,7 @@ def test_lifecycle_state_machine(
         @precondition(lambda self: self.live())
         @rule(data=st.data())
         def cancel(self, data: st.DataObject) -> None:
+            done["cancel"] += 1
             victim = data.draw(st.sampled_from(self.live()), label="cancel")
             victim.fate = "cancelled"
 
@@ -120,6 +126,7 @@ def test_lifecycle_state_machine(
         @precondition(lambda self: self.tracked)
         @rule()
         def drain(self) -> None:
+            done["drain"] += 1
             tracked, self.tracked = self.tracked, []  # a failed drain leaves nothing to redo
 
             async def wait_all() -> None:
@@ -160,4 +167,7 @@ def test_lifecycle_state_machine(
         Lifecycle,
         settings=settings(max_examples=examples, stateful_step_count=steps, deadline=None),
     )
-    record_property("note", f"{examples} runs of up to {steps} steps")
+    rules = ", ".join(f"{n} {name}" for name, n in sorted(done.items()))
+    record_property(
+        "note", f"{examples} runs of up to {steps} rules: {sum(done.values())} rules ({rules})"
+    )
