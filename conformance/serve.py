@@ -55,7 +55,7 @@ def max_model_len(model: Path) -> int:
 
 def server_command(template: str, model: Path, port: int, server_python: str) -> list[str]:
     gguf = ""
-    if "{gguf}" in template:
+    if "{gguf}" in template:  # converted here: the ``gguf`` package is in the `dev` extra
         from conformance.gguf_checkpoint import write_gguf
 
         gguf = str(write_gguf(model, RESULTS / "gguf" / f"{model.name}.gguf"))
