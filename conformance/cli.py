@@ -46,7 +46,7 @@ def pytest_args(args: argparse.Namespace) -> list[str]:
             base = base.with_suffix("")
         cmd += [
             f"--conformance-report={base}",
-            f"--junitxml={base.with_suffix('.xml')}",
+            f"--junitxml={base.parent / (base.name + '.xml')}",
             "-o", "junit_suite_name=engine-conformance",
             # xunit1 keeps each test's properties (the summary's notes), which xunit2 forbids.
             "-o", "junit_family=xunit1",

@@ -54,10 +54,20 @@ class Workload:
 
     @property
     def pool_blocks(self) -> int:
-        """A KV pool that holds one request (a filler at full length) and one block more:
-        ``FILLERS`` fillers running together need about three times that."""
-        need = self.prefix_len + SUFFIX + self.max_tokens
-        return math.ceil(need / self.shape.block_size) + 1
+        """A KV pool that admits ``FILLERS`` fillers together (their prompts fit, with a block
+        to spare) but cannot hold them at full length: each grows by at least a block
+        (``max_tokens`` >= the block size), so the running ones must preempt. Sized from the
+        prompts, not from one request at full length: with large blocks (vLLM's 128 on CPU)
+        a pool sized for one request admits one at a time, and nothing is ever preempted."""
+        block = self.shape.block_size
+        prompt_blocks = math.ceil((self.prefix_len + SUFFIX) / block)
+        full_blocks = math.ceil((self.prefix_len + SUFFIX + self.max_tokens) / block)
+        pool = FILLERS * prompt_blocks + 1
+        assert full_blocks <= pool < FILLERS * full_blocks, (
+            f"construction: a pool of {pool} blocks of {block} tokens either cannot hold one "
+            f"request ({full_blocks} blocks) or holds all {FILLERS}"
+        )
+        return pool
 
 
 @dataclass(frozen=True)

@@ -169,7 +169,8 @@ class Summary:
         if base.suffix in (".md", ".json", ".html"):
             base = base.with_suffix("")
         base.parent.mkdir(parents=True, exist_ok=True)
-        md, js, page = (base.with_suffix(s) for s in (".md", ".json", ".html"))
+        # Not with_suffix: a name like "vllm-0.27.1" has a dot that is no suffix.
+        md, js, page = (base.parent / f"{base.name}{s}" for s in (".md", ".json", ".html"))
         md.write_text("# Conformance summary\n\n" + self.markdown(), encoding="utf-8")
         js.write_text(json.dumps(self.as_json(), indent=2) + "\n", encoding="utf-8")
         page.write_text(report_html.render(self.as_json()), encoding="utf-8")

@@ -136,3 +136,8 @@ def test_expected_failures_hold_for_the_versions_they_name(
     assert tests("0.31.0") == ["test_a.py", "test_b.py"]
     assert tests(None) == ["test_a.py", "test_b.py"]  # an unknown version: every entry
     assert report.load_expected_failures("other", "0.31.0") == []
+
+
+def test_a_report_named_after_a_version_keeps_its_whole_name(tmp_path: Path) -> None:
+    written = Summary({"engine": "x"}).write(str(tmp_path / "vllm-0.27.1"))
+    assert [p.name for p in written] == ["vllm-0.27.1.md", "vllm-0.27.1.json", "vllm-0.27.1.html"]

@@ -45,11 +45,16 @@ class VllmAdapter(EngineAdapter):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         self.options = {**DEFAULTS, **config.options}
         self._observers: dict[int, _SchedulerStatsObserver] = {}
+        self._in_process: dict[int, Any] = {}  # offline engines whose core is in this process
+        self._parked: list[Any] = []  # shut down by the suite, kept alive until the last one
 
     def make_offline(self, **overrides: Any) -> Any:
         from vllm import LLM
 
-        return LLM(model=str(self.config.model), **{**self.options, **overrides})
+        llm = LLM(model=str(self.config.model), **{**self.options, **overrides})
+        if type(llm.llm_engine.engine_core).__name__ == "InprocClient":
+            self._in_process[id(llm)] = llm
+        return llm
 
     def make_online(self, **overrides: Any) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -74,9 +79,18 @@ class VllmAdapter(EngineAdapter):
         self._observers.pop(id(engine), None)
         if hasattr(engine, "shutdown"):
             engine.shutdown()
-        else:
+            return
+        if self._in_process.pop(id(engine), None) is not None and self._in_process:
+            # An in-process EngineCore's shutdown (also its finalizer, at garbage collection)
+            # tears down the process's distributed state (cleanup_dist_env_and_memory), which
+            # every in-process engine shares: the others would fail their next step ("pipeline
+            # model parallel group is not initialized"). Kept until the last one goes.
+            self._parked.append(engine)
+            return
+        for llm in [*self._parked, engine]:
             with contextlib.suppress(Exception):
-                engine.llm_engine.engine_core.shutdown()
+                llm.llm_engine.engine_core.shutdown()
+        self._parked.clear()
 
     def sampling_params(self, output_kind: OutputKind | None = None, **fields: Any) -> Any:
         from vllm import SamplingParams
