@@ -6,8 +6,9 @@ incomplete UTF-8 character may be held back.
 
 Catches: detokenizer tails never flushed (the last characters lost), byte-fallback tokens split
 or doubled, text that runs past a stop string, and text decoded in the wrong context. Kept apart
-from the token-level equivalence, so that an engine whose text deviates (vLLM decodes the first
-token in the prompt's context) is a known deviation of this property alone.
+from the token-level equivalence, so that an engine whose text deviates (vLLM's text starts with
+the prompt's when the prompt ends inside a character, vLLM #48853) is a known deviation of this
+property alone.
 
 Bound: exact.
 """
@@ -62,3 +63,26 @@ def test_multibyte_text_survives_streaming(
         assert stream.error is None, repr(stream.error)
         problem = text_problem(tokenizer, _Known(kind, stream))
         assert problem is None, f"{prompt!r}, {kind}: {problem}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_text_after_a_prompt_that_ends_inside_a_character(
+    adapter: Any, online: Any, aio: Any, tokenizer: Any, shape: Any, kind: str
+) -> None:
+    """Prompts whose last token is part of a multi-byte character (a byte-level token that
+    decodes to U+FFFD alone): the completion's text is still the decoding of its own ids, not
+    of the prompt's last bytes and its own together."""
+    if kind not in adapter.capabilities.output_kinds:
+        pytest.skip(f"{adapter.name} does not offer output kind {kind}")
+    v = shape.vocab
+    partial = [i for i in range(v.low, v.high + 1) if tokenizer.decode([i]) == "\ufffd"][:4]
+    if not partial:
+        pytest.skip("the tokenizer has no token that is part of a character")
+    params = adapter.sampling_params(kind, temperature=0.0, max_tokens=16, ignore_eos=True)
+    for seed, last in enumerate(partial):
+        prompt = shape.tokens(8, 300 + seed)
+        prompt["prompt_token_ids"].append(last)
+        stream = aio.run(generate_one(online, prompt, params))
+        assert stream.error is None, repr(stream.error)
+        problem = text_problem(tokenizer, _Known(kind, stream))
+        assert problem is None, f"prompt ending in token {last}, {kind}: {problem}"
