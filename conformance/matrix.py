@@ -125,7 +125,8 @@ def matrix_markdown(out: Path, names: list[str]) -> str:
             if got is None:
                 cells.append("-")
             else:
-                cells.append(f"{got['max']} (<= {got['bound']}), {got['cases']} cases")
+                bound = "" if got["bound"] is None else f" (<= {got['bound']})"
+                cells.append(f"{got['max']}{bound}, {got['cases']} cases")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     header = ["| engine | details |", "|---|---|"]
     for name, r in results.items():
