@@ -32,7 +32,12 @@ from reference_engine.stats import EngineStats, KVCacheStats
 class AsyncLLM:
     def __init__(self, config: EngineConfig):
         self.dead_error: BaseException | None = None
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        # request id -> (the consumer's loop, its queue, the request it waits for)
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue, Request]] = {}
+        # Engine thread only: the request each id names in the engine now. An id can be used
+        # again as soon as its stream is closed, while the engine still runs the old request
+        # until its abort is applied: outputs go to a stream only if they are its request's.
+        self._live: dict[str, Request] = {}
         self._commands: queue.SimpleQueue[tuple[str, Any, Future | None]] = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards _streams between the loop and the engine thread
         self._stopping = False
@@ -68,7 +73,7 @@ class AsyncLLM:
         with self._lock:
             if request_id in self._streams:
                 raise ValueError(f"Request id {request_id!r} is already active.")
-            self._streams[request_id] = (asyncio.get_running_loop(), stream)
+            self._streams[request_id] = (asyncio.get_running_loop(), stream, req)
         self._commands.put(("add", req, None))
         finished = False
         try:
@@ -194,8 +199,10 @@ class AsyncLLM:
 
     def _add(self, req: Request) -> None:
         with self._lock:
-            wanted = req.request_id in self._streams
-        if wanted:  # the stream may already be gone: closed before the engine saw it
+            entry = self._streams.get(req.request_id)
+        # Its stream may be gone (closed before the engine saw it), or be a newer request's.
+        if entry is not None and entry[2] is req:
+            self._live[req.request_id] = req
             self.engine.add_request(req.request_id, req)
 
     def _publish(self) -> None:
@@ -210,14 +217,17 @@ class AsyncLLM:
         for out in outputs:
             with self._lock:
                 target = self._streams.get(out.request_id)
-            if target is not None:
-                loop, stream = target
+            live = self._live.get(out.request_id)
+            if out.finished and live is not None:
+                del self._live[out.request_id]
+            if target is not None and target[2] is live:
+                loop, stream, _ = target
                 _put(loop, stream, out)
 
     def _fail_streams(self, err: BaseException) -> None:
         with self._lock:
             targets = list(self._streams.values())
-        for loop, stream in targets:
+        for loop, stream, _ in targets:
             _put(loop, stream, err)
 
     def _drain_waiters(self) -> None:

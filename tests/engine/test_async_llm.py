@@ -294,3 +294,21 @@ async def test_async_context_manager():
         outs = await collect(eng, "hi", SamplingParams(max_tokens=2), "cm")
         assert outs[-1].finished
     assert not eng.is_running
+
+
+async def test_an_id_used_again_while_its_old_request_still_runs_gets_only_its_own_outputs(
+    offline: LLM,
+) -> None:
+    """Closing a stream frees its id at once, while the engine still runs the old request until
+    its abort is applied: a step in flight must not hand the old request's tokens to the new
+    stream of the same id (seen over HTTP: the new request's token 0 was the old one's)."""
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    want = offline.generate(["Once upon a time"], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    long = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
+    async with make_engine() as engine:
+        for round_ in range(20):
+            old = engine.generate({"prompt_token_ids": [11, 12, 13 + round_]}, long, "same")
+            await asyncio.wait_for(old.__anext__(), TIMEOUT)
+            await old.aclose()  # the id is free now; the old request is still in the engine
+            outs = [o async for o in engine.generate("Once upon a time", greedy, "same")]
+            assert outs[-1].outputs[0].token_ids == want, f"round {round_}"
