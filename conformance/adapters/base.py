@@ -152,6 +152,8 @@ class EngineAdapter(ABC):
     alias: AliasPair | None = None
     # Engine steps a request may run after its abort (``conformance/bounds.py`` says why).
     abort_steps: int = ABORT_STEPS
+    # The engine option that sizes the KV pool in blocks (``limits``): vLLM's by default.
+    kv_blocks_option: str = "num_gpu_blocks_override"
 
     def __init__(self, config: EngineOptions):
         self.config = config
@@ -210,10 +212,10 @@ class EngineAdapter(ABC):
     ) -> dict[str, Any]:
         """Engine options (for ``make_offline`` / ``make_online``) that cap the running batch,
         the KV-cache pool (in blocks), the tokens of one step (chunked prefill beyond it) and
-        the sequence length; by default vLLM's names."""
+        the sequence length; vLLM's names, the KV pool's from ``kv_blocks_option``."""
         names = {
             "max_num_seqs": max_num_seqs,
-            "num_gpu_blocks_override": num_kv_blocks,
+            self.kv_blocks_option: num_kv_blocks,
             "max_num_batched_tokens": max_num_batched_tokens,
             "max_model_len": max_model_len,
         }

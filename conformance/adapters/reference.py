@@ -22,6 +22,7 @@ DEFAULTS: dict[str, Any] = {"num_kv_blocks": 1024, "dtype": "float32"}
 
 class ReferenceAdapter(EngineAdapter):
     name = "reference"
+    kv_blocks_option = "num_kv_blocks"
     capabilities = Capabilities(
         batch_invariant=False,
         speculative_decoding=True,
@@ -94,22 +95,6 @@ class ReferenceAdapter(EngineAdapter):
 
         engine.engine.step = crash
         engine._commands.put(("wake", None, None))
-
-    def limits(
-        self,
-        *,
-        max_num_seqs: int | None = None,
-        num_kv_blocks: int | None = None,
-        max_num_batched_tokens: int | None = None,
-        max_model_len: int | None = None,
-    ) -> dict[str, Any]:
-        names = {
-            "max_num_seqs": max_num_seqs,
-            "num_kv_blocks": num_kv_blocks,
-            "max_num_batched_tokens": max_num_batched_tokens,
-            "max_model_len": max_model_len,
-        }
-        return {k: v for k, v in names.items() if v is not None}
 
     def block_size(self, engine: Any) -> int:
         return engine.get_kv_cache_stats().block_size

@@ -16,6 +16,7 @@ from conformance.adapters.base import Progress
 
 class ToyAdapter(EngineAdapter):
     name = "toy"
+    kv_blocks_option = "num_kv_blocks"  # the toy's name for the KV pool size (limits())
     # What the toy offers or lets the suite see; each False turns the tests that need it into a
     # visible skip: the toy has no old class name to keep, does not show its scheduler, and
     # offers no way to crash it on purpose.
@@ -65,23 +66,6 @@ class ToyAdapter(EngineAdapter):
         """Steps and tokens: what abort promptness and batching are measured in."""
         stats = engine.get_stats()
         return Progress(stats.generation_tokens_total, stats.num_steps, stats.num_preemptions)
-
-    def limits(
-        self,
-        *,
-        max_num_seqs: int | None = None,
-        num_kv_blocks: int | None = None,
-        max_num_batched_tokens: int | None = None,
-        max_model_len: int | None = None,
-    ) -> dict[str, Any]:
-        """The toy's names for the batch, KV pool, step budget and length limits."""
-        names = {
-            "max_num_seqs": max_num_seqs,
-            "num_kv_blocks": num_kv_blocks,
-            "max_num_batched_tokens": max_num_batched_tokens,
-            "max_model_len": max_model_len,
-        }
-        return {k: v for k, v in names.items() if v is not None}
 
     def block_size(self, engine: Any) -> int:
         return engine.get_kv_cache_stats().block_size
