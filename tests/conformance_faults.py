@@ -132,6 +132,21 @@ def on_finish(engine: Any, when: Callable[[Any, str, Any], bool]) -> None:
     scheduler.finish_request = finish_request
 
 
+def on_abort(engine: Any, when: Callable[[Any], bool]) -> None:
+    """Leaks a block of every aborted request that ``when`` picks (as it is when aborted)."""
+    original = engine.abort_request
+
+    def abort_request(request_ids: Any) -> Any:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        for rid in ids:
+            req = engine.scheduler.requests.get(rid)
+            if req is not None and when(req):
+                leak_one_block(engine, req)
+        return original(request_ids)
+
+    engine.abort_request = abort_request
+
+
 def on_output(engine: Any, when: Callable[[Any], bool]) -> None:
     """Corrupts the last token of each output of a request that ``when`` picks."""
     original = engine._make_output
@@ -211,33 +226,13 @@ def ignore_queued_aborts(engine: Any) -> None:
 
 def leak_on_prefill_abort(engine: Any) -> None:
     """A request aborted before its prompt is fully computed keeps a block."""
-    original = engine.abort_request
-
-    def abort_request(request_ids: Any) -> Any:
-        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        for rid in ids:
-            req = engine.scheduler.requests.get(rid)
-            if req is not None and 0 < req.num_computed_tokens < req.num_prompt_tokens:
-                leak_one_block(engine, req)
-        return original(request_ids)
-
-    engine.abort_request = abort_request
+    on_abort(engine, lambda req: 0 < req.num_computed_tokens < req.num_prompt_tokens)
 
 
 def last_step_abort_pins(engine: Any) -> None:
     """An abort in a request's last step is taken for a normal finish, and its blocks stay
     pinned (vLLM #26400)."""
-    original = engine.abort_request
-
-    def abort_request(request_ids: Any) -> Any:
-        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        for rid in ids:
-            req = engine.scheduler.requests.get(rid)
-            if req is not None and req.tokens_left(engine.max_model_len) <= 2:
-                leak_one_block(engine, req)
-        return original(request_ids)
-
-    engine.abort_request = abort_request
+    on_abort(engine, lambda req: req.tokens_left(engine.max_model_len) <= 2)
 
 
 # --- abort frees KV and touches no one else -----------------------------------------------------
@@ -245,16 +240,7 @@ def last_step_abort_pins(engine: Any) -> None:
 
 def leaky_abort(engine: Any) -> None:
     """Every abort forgets one of the request's blocks."""
-    original = engine.abort_request
-
-    def abort_request(request_ids: Any) -> Any:
-        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        for rid in ids:
-            if (req := engine.scheduler.requests.get(rid)) is not None:
-                leak_one_block(engine, req)
-        return original(request_ids)
-
-    engine.abort_request = abort_request
+    on_abort(engine, lambda req: True)
 
 
 def abort_hits_a_neighbour(engine: Any) -> None:
