@@ -544,6 +544,11 @@ class HttpAsyncEngine:
                 pieces = self.server.stream(self.client, prompt, params, request_id, self.tokenizer)
                 async for piece in pieces:
                     queue.put_nowait(piece)
+                    # Yield to the loop at every piece: while the server's chunks arrive faster
+                    # than they are parsed, every read returns at once, and without this the
+                    # reader would hold the loop until the stream ends, the consumer's abort
+                    # (and with it the disconnect) waiting behind it.
+                    await asyncio.sleep(0)
         except asyncio.CancelledError:
             pass
         except Exception as e:  # noqa: BLE001 - handed to the consumer
