@@ -84,6 +84,11 @@ def rotary_embedding(
     _backend(query).rotary_embedding(positions, query, key, cos_sin_cache)
 
 
+# The KV cache's allocation: its layout is the CPU reference's choice (head-major on the CPU);
+# CUDA tensors get the contiguous layout the Triton kernels index.
+new_kv_cache = reference.new_kv_cache
+
+
 def store_kvcache(
     key: torch.Tensor,
     value: torch.Tensor,

@@ -1,7 +1,9 @@
 """Plain-PyTorch references of every kernel: the engine's CPU path and the Triton kernels' oracle.
 
 Shapes (T = tokens in the step, B = sequences, H / KVH = query / KV heads, D = head_dim):
-- KV cache of one layer: ``k_cache`` and ``v_cache`` are ``[num_blocks, block_size, KVH, D]``.
+- KV cache of one layer: ``k_cache`` and ``v_cache`` are ``[num_blocks, block_size, KVH, D]``,
+  either contiguous or a transposed view of a head-major ``[num_blocks, KVH, block_size, D]``
+  tensor (the engine's layout on the CPU, see ``new_kv_cache``).
 - ``block_tables``: ``[B, max_blocks]`` int32, unused entries are any valid index (they are
   never read).
 - ``query_start_loc``: ``[B + 1]`` int32, cumulative query lengths (sequence ``b`` owns
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -150,8 +153,14 @@ def store_kvcache(
     valid, slots = _per_step("store", (slot_mapping,), (), lambda: _valid_slots(slot_mapping))
     if valid is not None:
         key, value = key[valid], value[valid]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value)
+    if k_cache.is_contiguous():
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key)
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value)
+        return
+    block_size = k_cache.shape[1]
+    blocks, offsets = slots // block_size, slots % block_size
+    k_cache[blocks, offsets] = key
+    v_cache[blocks, offsets] = value
 
 
 def qk_norm_rope_store(
@@ -303,17 +312,17 @@ def _attend_bin(q, k_cache, v_cache, b: _Bin, scale: float, out: torch.Tensor) -
         q_pad = q[b.first : b.first + max_q].unsqueeze(0)
     else:
         q_pad = q.index_select(0, b.rows).view(n, max_q, num_heads, head_dim)
-    k = _gather(k_cache, b.index, n, 0).float()  # [n, L, KVH, D]
+    k = _gather(k_cache, b.index, n, 0).float()  # [KVH, n, L, D]
     v = _gather(v_cache, b.index, n, 1).float()
     qf = q_pad.float() * scale
     res = torch.empty(n, max_q, num_heads, head_dim, dtype=torch.float32, device=q.device)
     for h in range(kv_heads):
         heads = slice(h * group, (h + 1) * group)
         q_h = qf[:, :, heads].reshape(n, max_q * group, head_dim)
-        scores = torch.bmm(q_h, k[:, :, h].transpose(1, 2)).view(n, max_q, group, length)
+        scores = torch.bmm(q_h, k[h].transpose(1, 2)).view(n, max_q, group, length)
         scores.masked_fill_(b.hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1).view(n, max_q * group, length)
-        res[:, :, heads] = torch.bmm(probs, v[:, :, h]).view(n, max_q, group, head_dim)
+        res[:, :, heads] = torch.bmm(probs, v[h]).view(n, max_q, group, head_dim)
     if b.rows is None:
         out[b.first : b.first + max_q] = res[0]
     else:
@@ -344,18 +353,44 @@ def _flat_index(block_tables: torch.Tensor, num_blocks: int) -> torch.Tensor:
 
 
 def _gather(cache: torch.Tensor, index: torch.Tensor, batch: int, slot: int) -> torch.Tensor:
-    """``[batch, L, KVH, D]``: the blocks ``index`` (``batch`` rows of L / block_size blocks
+    """``[KVH, batch, L, D]``: the blocks ``index`` (``batch`` rows of L / block_size blocks
     each), in a reused per-thread workspace on the CPU (``slot`` tells the buffers of one call
     apart; the result is valid until the next gather into the same slot).
 
     index_select of whole blocks as flat rows is several times faster on CPU than advanced
-    indexing or a 4-D index_select."""
-    flat = cache.view(cache.shape[0], -1)
-    shape = (batch, index.shape[0] // batch * cache.shape[1], *cache.shape[2:])
+    indexing or a 4-D index_select. From a head-major cache each head's ``[batch, L, D]`` comes
+    out contiguous; from a ``[.., KVH, D]``-major one it is a strided view, and a batched matmul
+    over rows KVH * D apart runs 3-4x slower on the CPU than over contiguous ones."""
+    num_blocks, block_size, kv_heads, head_dim = cache.shape
+    length = index.shape[0] // batch * block_size
+    if kv_heads > 1 and cache.transpose(1, 2).is_contiguous():  # head-major
+        flat = cache.transpose(1, 2).view(num_blocks * kv_heads, block_size * head_dim)
+        heads = torch.arange(kv_heads, device=index.device)
+        index = (index[None, :] * kv_heads + heads[:, None]).view(-1)
+        shape, order = (kv_heads, batch, length, head_dim), (0, 1, 2, 3)
+    else:
+        flat = cache.view(num_blocks, -1)
+        shape, order = (batch, length, kv_heads, head_dim), (2, 0, 1, 3)
     out = _workspace(slot, index.shape[0] * flat.shape[1], cache)
     if out is None:
-        return flat.index_select(0, index).view(shape)
-    return torch.index_select(flat, 0, index, out=out.view(index.shape[0], -1)).view(shape)
+        gathered = flat.index_select(0, index)
+    else:
+        gathered = torch.index_select(flat, 0, index, out=out.view(index.shape[0], -1))
+    return gathered.view(shape).permute(order)
+
+
+def new_kv_cache(
+    num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype, device
+) -> torch.Tensor:
+    """A zeroed cache for one layer's K or V, ``[num_blocks, block_size, KVH, D]``; on the CPU a
+    view of a head-major tensor, so that each head's context gathers into a contiguous matrix
+    (see ``_gather``). Zeroed, not empty: stale NaNs in padding would leak through masked
+    attention."""
+    device = torch.device(device)
+    if device.type != "cpu":
+        return torch.zeros(num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
+    heads_major = torch.zeros(num_blocks, kv_heads, block_size, head_dim, dtype=dtype)
+    return heads_major.transpose(1, 2)
 
 
 _WORKSPACE = threading.local()
@@ -396,41 +431,87 @@ def paged_attention_decode(
     Batched: the contexts are gathered into one padded tensor (a reused workspace on the CPU)
     and masked. Two batched matmuls and a softmax per KV head: for one query row they beat SDPA's
     CPU kernels, the query heads that share a KV head are one matrix (nothing is repeated for
-    GQA), and the gathered ``[L, D]`` rows are read in place, transposed, without a copy.
+    GQA), and the gathered ``[L, D]`` rows are read in place, transposed, without a copy. A batch
+    of short and long contexts is cut in two by length when that gathers much less padding.
     """
-    batch, num_heads, head_dim = q.shape
-    if batch == 0:
+    if q.shape[0] == 0:
         return torch.empty_like(q)
-    kv_heads = k_cache.shape[2]
-    group = num_heads // kv_heads
-    index, padding, empty = _per_step(
+    groups = _per_step(
         "decode",
         (block_tables, seq_lens),
         (k_cache.shape[1],),
         lambda: _plan_decode(block_tables, seq_lens, k_cache.shape[1], q.device),
     )
-    k = _gather(k_cache, index, batch, 0).float()  # [B, L, KVH, D]
-    v = _gather(v_cache, index, batch, 1).float()
+    if len(groups) == 1:
+        return _decode_group(q, k_cache, v_cache, groups[0], scale)
+    out = torch.empty_like(q)
+    for g in groups:
+        out.index_copy_(
+            0, g.rows, _decode_group(q.index_select(0, g.rows), k_cache, v_cache, g, scale)
+        )
+    return out
+
+
+@dataclass
+class _DecodeGroup:
+    rows: torch.Tensor | None  # the batch rows it holds, or None: all of them, in order
+    index: torch.Tensor  # gather indices: num_blocks per row
+    padding: torch.Tensor  # [n, 1, L], True past a row's context
+    empty: torch.Tensor | None  # rows with no context, or None when there are none
+
+
+def _decode_group(q, k_cache, v_cache, g: _DecodeGroup, scale: float) -> torch.Tensor:
+    batch, num_heads, _ = q.shape
+    kv_heads = k_cache.shape[2]
+    group = num_heads // kv_heads
+    k = _gather(k_cache, g.index, batch, 0).float()  # [KVH, B, L, D]
+    v = _gather(v_cache, g.index, batch, 1).float()
     qf = q.float() * scale
     out = None if kv_heads == 1 else q.new_empty(q.shape, dtype=torch.float32)
     for h in range(kv_heads):
         heads = slice(h * group, (h + 1) * group)
-        scores = torch.bmm(qf[:, heads], k[:, :, h].transpose(1, 2))  # [B, G, L]
-        scores.masked_fill_(padding, float("-inf"))
+        scores = torch.bmm(qf[:, heads], k[h].transpose(1, 2))  # [B, G, L]
+        scores.masked_fill_(g.padding, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
-        if empty is not None:  # nothing to attend to: zeros, not the NaN of an all-masked softmax
-            probs[empty] = 0.0
+        if g.empty is not None:  # nothing to attend to: zeros, not the NaN of an all-masked softmax
+            probs[g.empty] = 0.0
         if out is None:
-            return torch.bmm(probs, v[:, :, 0]).to(q.dtype)
-        out[:, heads] = torch.bmm(probs, v[:, :, h])
+            return torch.bmm(probs, v[0]).to(q.dtype)
+        out[:, heads] = torch.bmm(probs, v[h])
     return out.to(q.dtype)
 
 
-def _plan_decode(block_tables, seq_lens, block_size, device):
-    """(gather index, padding mask ``[B, 1, L]``, mask of empty contexts or None)."""
+# A decode batch is cut in two by context length when it has this many rows or more and the cut
+# gathers at most this share of the padded blocks of one group (the gather and the matmuls are
+# memory-bound: their time follows the blocks; a second group costs a few small operations).
+_SPLIT_MIN_ROWS = 32
+_SPLIT_MAX_SHARE = 0.85
+
+
+def _plan_decode(block_tables, seq_lens, block_size, device) -> list[_DecodeGroup]:
+    lens = seq_lens.tolist()
+    blocks = [-(-n // block_size) for n in lens]
+    batch, widest = len(lens), max(blocks)
+    cut = None
+    if batch >= _SPLIT_MIN_ROWS:
+        order = sorted(range(batch), key=blocks.__getitem__)
+        # rows order[:i] padded to their longest, the rest to the widest
+        cost, i = min((i * blocks[order[i - 1]] + (batch - i) * widest, i) for i in range(1, batch))
+        if cost <= _SPLIT_MAX_SHARE * batch * widest:
+            cut = order[:i], order[i:]
+    if cut is None:
+        return [_decode_group_plan(None, block_tables, seq_lens, block_size, device)]
+    rows = [torch.tensor(part, device=seq_lens.device) for part in cut]
+    return [_decode_group_plan(r, block_tables, seq_lens, block_size, device) for r in rows]
+
+
+def _decode_group_plan(rows, block_tables, seq_lens, block_size, device) -> _DecodeGroup:
+    if rows is not None:
+        block_tables, seq_lens = block_tables.index_select(0, rows), seq_lens.index_select(0, rows)
+        rows = rows.to(device)
     min_len, max_len = (int(x) for x in seq_lens.aminmax())
     num_blocks = -(-max_len // block_size)
     keys = torch.arange(num_blocks * block_size, device=device)
     padding = (keys[None, :] >= seq_lens[:, None].to(device))[:, None, :]
     empty = (seq_lens == 0).to(device) if min_len == 0 else None
-    return _flat_index(block_tables, num_blocks), padding, empty
+    return _DecodeGroup(rows, _flat_index(block_tables, num_blocks), padding, empty)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine_kernels.ops import new_kv_cache
 from reference_engine.config import EngineConfig
 from reference_engine.cuda_graphs import DecodeGraphs
 from reference_engine.models import ForwardContext, load_model
@@ -72,11 +73,10 @@ class ModelRunner:
         self.num_blocks = self._num_kv_blocks()
         m = config.model
         shape = (self.num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
-        # Zeroed, not empty: stale NaNs in padding would leak through masked attention.
         self.kv_caches = [
             (
-                torch.zeros(shape, dtype=config.dtype, device=self.device),
-                torch.zeros(shape, dtype=config.dtype, device=self.device),
+                new_kv_cache(*shape, dtype=config.dtype, device=self.device),
+                new_kv_cache(*shape, dtype=config.dtype, device=self.device),
             )
             for _ in range(m.num_layers)
         ]
