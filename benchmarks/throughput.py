@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import model_shapes
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = str(ROOT / "fixtures" / "models" / "tiny-llama")
 
@@ -234,7 +236,11 @@ def _run_isolated(python: str, name: str, argv: list[str]) -> Result:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"a checkpoint, or one of {list(model_shapes.SHAPES)}",
+    )
     ap.add_argument("--engines", default="reference,async,hf", help=f"from {sorted(RUNNERS)}")
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, nargs=2, default=(16, 128))
@@ -254,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--single", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.model = model_shapes.resolve(args.model)
 
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
     prompt_set = None
