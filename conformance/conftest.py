@@ -95,7 +95,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for xf in expected:
             if xf.matches(rel):
                 reason = f"{xf.reason} ({xf.link})" if xf.link else xf.reason
-                item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+                item.add_marker(pytest.mark.xfail(reason=reason, strict=xf.strict))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

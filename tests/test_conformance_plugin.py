@@ -126,6 +126,7 @@ def test_expected_failures_hold_for_the_versions_they_name(
     (tmp_path / "eng.toml").write_text(
         '[[xfail]]\ntest = "test_a.py"\nreason = "everywhere"\n\n'
         '[[xfail]]\ntest = "test_b.py"\nreason = "since 0.30"\nversions = ["0.30", "0.31"]\n'
+        'strict = false\n'
     )
     monkeypatch.setattr(report, "EXPECTED_FAILURES_DIR", tmp_path)
 
@@ -136,6 +137,8 @@ def test_expected_failures_hold_for_the_versions_they_name(
     assert tests("0.31.0") == ["test_a.py", "test_b.py"]
     assert tests(None) == ["test_a.py", "test_b.py"]  # an unknown version: every entry
     assert report.load_expected_failures("other", "0.31.0") == []
+    # strict unless the entry says it is intermittent
+    assert [e.strict for e in report.load_expected_failures("eng", None)] == [True, False]
 
 
 def test_a_report_named_after_a_version_keeps_its_whole_name(tmp_path: Path) -> None:
