@@ -126,7 +126,7 @@ def test_expected_failures_hold_for_the_versions_they_name(
     (tmp_path / "eng.toml").write_text(
         '[[xfail]]\ntest = "test_a.py"\nreason = "everywhere"\n\n'
         '[[xfail]]\ntest = "test_b.py"\nreason = "since 0.30"\nversions = ["0.30", "0.31"]\n'
-        'strict = false\n'
+        "strict = false\n"
     )
     monkeypatch.setattr(report, "EXPECTED_FAILURES_DIR", tmp_path)
 
