@@ -18,6 +18,7 @@ from loadtests.options import parse_span
 from loadtests.plot import plot
 from loadtests.probe import ProbeResult, run_probe
 from loadtests.prom import MissingMetrics
+from loadtests.prompts import WORDS
 from loadtests.tail import Tail
 from loadtests.tail import follow as follow_tail
 from loadtests.watch import Sampler, Verdict, idle_baseline, still_serves, wait_idle, warm_up
@@ -134,14 +135,27 @@ def locust_command(
     return cmd + extra + classes
 
 
-def long_generation(max_model_len: int | None, prompt_words: str) -> int:
+def long_generation(max_model_len: int | None, prompt_words: str, model: str = "") -> int:
     """max_tokens for the disconnecting clients: what the context leaves after the longest
-    prompt (a word may take two tokens), so that a server that does not abort is still
-    decoding for them when the load ends."""
+    prompt, so that a server that does not abort is still decoding for them when the load
+    ends (and no request asks for more than the context holds)."""
     if not max_model_len:
         return 1024
-    room = max_model_len - 2 * int(parse_span(prompt_words).hi) - 16
+    room = max_model_len - tokens_per_word(model) * int(parse_span(prompt_words).hi) - 16
     return max(16, min(LONG_GENERATION_CAP, room))
+
+
+def tokens_per_word(model: str) -> int:
+    """The most tokens a prompt word takes (with its leading space) by the served model's
+    tokenizer, where it is at hand; else 2. The fixtures' small vocabulary takes up to 6, so
+    two per word let a 128-word prompt plus the long generation overflow the context."""
+    folder = Path(_model_dir(model)) if model else None
+    if folder is None or not folder.is_dir():  # a name with no checkpoint here: a rule of thumb
+        return 2
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return max(len(tokenizer.encode(" " + w, add_special_tokens=False)) for w in WORDS)
 
 
 def _model_dir(name: str) -> str:
@@ -178,7 +192,7 @@ def _measure(
     card = _served_model(base)
     model = card.get("id") or a.model
     long_tokens = a.disconnect_max_tokens or long_generation(
-        card.get("max_model_len"), a.prompt_words
+        card.get("max_model_len"), a.prompt_words, model
     )
     warm_up(base, model, a.warmup)
     baseline = idle_baseline(base, a.idle_timeout)
@@ -315,7 +329,7 @@ def probe(a: argparse.Namespace) -> int:
     if not card:
         print(f"loadtests: FAILED: {base}/v1/models did not answer", flush=True)
         return SETUP
-    tokens = a.max_tokens or long_generation(card.get("max_model_len"), a.prompt_words)
+    tokens = a.max_tokens or long_generation(card.get("max_model_len"), a.prompt_words, card["id"])
     warm_up(base, card["id"], 4)
     first = run_probe(base, card["id"], a.requests, tokens, a.waste_steps, rounds=1)
     print(f"warm-up (not judged): {first.describe().removeprefix('WASTE: ')}", flush=True)
