@@ -264,29 +264,45 @@ def _prefill_inputs(dim: int):
     q4 = torch.randn(batch, heads, length, dim, dtype=BF16, device=DEV)
     k4, v4 = torch.randn_like(q4), torch.randn_like(q4)
     kc, vc, tables = paged_copy(k4, v4, page)
-    q = q4.transpose(1, 2).reshape(batch * length, heads, dim)
+    q, k_new, v_new = (t.transpose(1, 2).reshape(batch * length, heads, dim) for t in (q4, k4, v4))
     lens = torch.full((batch,), length, dtype=torch.int32, device=DEV)
     qsl = torch.arange(0, batch + 1, device=DEV, dtype=torch.int32) * length
-    return (batch, heads, length, page), (q4, k4, v4), (q, kc, vc, tables, lens, qsl)
+    return (batch, heads, length, page), (q4, k4, v4), (q, kc, vc, tables, lens, qsl, k_new, v_new)
 
 
-def _prefill_sweep_configs(dim: int) -> list[dict]:
-    from engine_kernels.paged_attention_prefill import CANDIDATE_CONFIGS, default_config
+def _prefill_sweep_configs(dim: int) -> list[tuple[str, dict]]:
+    """(kernel, configuration): the paged kernel's candidates ("paged": every K/V through the
+    block tables) and the TMA kernel's ("tma": the new tokens' K/V contiguous)."""
+    from engine_kernels import paged_attention_prefill as paged
+    from engine_kernels import paged_attention_prefill_tma as tma
 
     if SMALL:
-        cfg = default_config(torch.empty(0))
-        return [cfg, {**cfg, "loop": 1}]
-    return CANDIDATE_CONFIGS[64 if dim <= 64 else 128]
+        cfg = paged.default_config(torch.empty(0))
+        return [("paged", cfg), ("paged", {**cfg, "loop": 1})]
+    d = 64 if dim <= 64 else 128
+    return [("paged", c) for c in paged.CANDIDATE_CONFIGS[d]] + [
+        ("tma", c) for c in tma.CANDIDATE_CONFIGS[d]
+    ]
 
 
-def _precompile_one(dim: int, cfg: dict) -> str:
+def _run_prefill(inputs, length: int, scale: float, kind: str, cfg: dict | None = None, out=None):
+    """One prefill of the benchmark's batch: "tma" the engine's path on Hopper (the new K/V
+    given contiguous), "paged" the block-table kernel alone."""
+    q, kc, vc, tables, lens, qsl, k_new, v_new = inputs
+    tma = kind == "tma"
+    return tops.paged_attention_prefill(
+        q, kc, vc, tables, lens, qsl, scale, max_query_len=length, out=out,
+        k_new=k_new if tma else None, v_new=v_new if tma else None,
+        config=None if tma else cfg, tma_config=cfg if tma else None,
+    )  # fmt: skip
+
+
+def _precompile_one(dim: int, kind: str, cfg: dict) -> str:
     """In a worker process: compile one configuration (same shapes, so the same specialisation
     and on-disk cache entry as the parent's run)."""
     try:
-        (_, _, length, _), _, (q, kc, vc, tables, lens, qsl) = _prefill_inputs(dim)
-        tops.paged_attention_prefill(
-            q, kc, vc, tables, lens, qsl, dim**-0.5, max_query_len=length, config=cfg
-        )
+        (_, _, length, _), _, inputs = _prefill_inputs(dim)
+        _run_prefill(inputs, length, dim**-0.5, kind, cfg)
         torch.cuda.synchronize()
         return "ok"
     except Exception as e:  # reported by the parent's own run
@@ -299,12 +315,12 @@ def precompile_prefill(workers: int = 8) -> None:
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    jobs = [(dim, cfg) for dim in PREFILL_DIMS for cfg in _prefill_sweep_configs(dim)]
+    jobs = [(dim, kind, cfg) for dim in PREFILL_DIMS for kind, cfg in _prefill_sweep_configs(dim)]
     start = time.perf_counter()
     ctx = mp.get_context("spawn")
     with cf.ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx) as pool:
         results = list(pool.map(_precompile_one, *zip(*jobs)))
-    bad = [f"d{d} {c}: {r}" for (d, c), r in zip(jobs, results) if r != "ok"]
+    bad = [f"d{d} {k} {c}: {r}" for (d, k, c), r in zip(jobs, results) if r != "ok"]
     log(f"  precompiled {len(jobs)} prefill configs in {time.perf_counter() - start:.0f} s; "
         f"failed: {bad}")  # fmt: skip
 
@@ -312,19 +328,17 @@ def precompile_prefill(workers: int = 8) -> None:
 def bench_prefill(rate_ceiling: float, sweep: bool) -> list[Row]:
     if sweep and not SMALL:
         precompile_prefill()
-    return [_bench_prefill_case(rate_ceiling, sweep, dim) for dim in PREFILL_DIMS]
+    return [row for dim in PREFILL_DIMS for row in _bench_prefill_case(rate_ceiling, sweep, dim)]
 
 
-def _bench_prefill_case(rate_ceiling: float, sweep: bool, dim: int) -> Row:
+def _bench_prefill_case(rate_ceiling: float, sweep: bool, dim: int) -> list[Row]:
+    """Two rows: the engine's prefill (the TMA kernel where it runs, given the new K/V
+    contiguous as the engine gives them) and the paged kernel alone (every K/V through the block
+    tables, what a later chunk of a chunked prefill reads)."""
     (batch, heads, length, page), (q4, k4, v4), inputs = _prefill_inputs(dim)
-    q, kc, vc, tables, lens, qsl = inputs
+    q, kc, vc, tables, lens, qsl, _, _ = inputs
     scale = dim**-0.5
     flops = 4 * batch * heads * dim * length * (length + 1) / 2
-
-    def ours(cfg=None):
-        return tops.paged_attention_prefill(
-            q, kc, vc, tables, lens, qsl, scale, max_query_len=length, config=cfg
-        )
 
     sdpa = lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale)
     peer, peer_ms, peers = fastest_sdpa(sdpa)
@@ -333,29 +347,30 @@ def _bench_prefill_case(rate_ceiling: float, sweep: bool, dim: int) -> Row:
     extra: dict = {"sdpa_ms": peers}
     if sweep:
         extra["sweep"] = []
-        for cfg in _prefill_sweep_configs(dim):
+        for kind, cfg in _prefill_sweep_configs(dim):
             try:
                 out = torch.full_like(q, float("nan"))
-                tops.paged_attention_prefill(
-                    q, kc, vc, tables, lens, qsl, scale, max_query_len=length, config=cfg, out=out
-                )
-                err = rel_err(out, truth)
-                ms = bench(lambda cfg=cfg: ours(cfg))
+                err = rel_err(_run_prefill(inputs, length, scale, kind, cfg, out), truth)
+                ms = bench(lambda k=kind, c=cfg: _run_prefill(inputs, length, scale, k, c))
             except Exception as e:  # out of shared memory, ...
-                log(f"  prefill d{dim} {cfg}: {type(e).__name__}: {str(e)[:80]}")
+                log(f"  prefill d{dim} {kind} {cfg}: {type(e).__name__}: {str(e)[:80]}")
                 continue
-            log(f"  prefill d{dim} {cfg}: {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s "
+            log(f"  prefill d{dim} {kind} {cfg}: {ms:.3f} ms {flops / ms / 1e9:.0f} TFLOP/s "
                 f"x{peer_ms / ms:.2f} {peer} err {err:.1e}")  # fmt: skip
-            extra["sweep"].append({**cfg, "ms": ms, "err": err})
-    err = rel_err(ours(), truth)
+            extra["sweep"].append({"kernel": kind, **cfg, "ms": ms, "err": err})
     ref_ms = bench(
         lambda: reference.paged_attention_prefill(q, kc, vc, tables, lens, qsl, scale), rep=50
     )
-    ms = bench(ours)
-    rate = flops / ms / 1e9
-    return Row("paged_attention_prefill", f"causal, {batch}x{length} tok, {heads} heads, d{dim}, "
-               f"page {page}", ms, "TFLOP/s", rate, 100 * rate / rate_ceiling, err, ref_ms, peer,
-               peer_ms, extra)  # fmt: skip
+    shape = f"causal, {batch}x{length} tok, {heads} heads, d{dim}, page {page}"
+    rows = []
+    for name, kind in (("paged_attention_prefill", "tma"), ("prefill (paged only)", "paged")):
+        out = torch.full_like(q, float("nan"))
+        err = rel_err(_run_prefill(inputs, length, scale, kind, None, out), truth)
+        ms = bench(lambda kind=kind: _run_prefill(inputs, length, scale, kind))
+        rate = flops / ms / 1e9
+        rows.append(Row(name, shape, ms, "TFLOP/s", rate, 100 * rate / rate_ceiling, err, ref_ms,
+                        peer, peer_ms, extra if kind == "tma" else {}))  # fmt: skip
+    return rows
 
 
 def bench_decode(bw: float, sweep: bool) -> list[Row]:

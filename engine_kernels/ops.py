@@ -18,8 +18,11 @@ and ignored by the reference:
   copied to the device, with a workspace of ``plan_workspace_numel(plan.max_items, H, D)``:
   the grid is then fixed by the plan's program count and the work is cut from the live
   contexts into equal chunks (what the engine's decode graphs use).
-- ``paged_attention_prefill(..., max_query_len=None, out=None)``: pass the step's longest
-  query run (the scheduler knows it) to avoid the one host sync that computes it.
+- ``paged_attention_prefill(..., max_query_len=None, out=None, k_new=None, v_new=None)``: pass
+  the step's longest query run (the scheduler knows it) to avoid the one host sync that computes
+  it; pass the step's new keys and values as ``[tokens, kv_heads, head_dim]`` views (what
+  ``qk_norm_rope_store(..., keep_k=True)`` leaves in ``qkv``) to let sequences with no cached
+  prefix read them through TMA on Hopper (``engine_kernels/paged_attention_prefill_tma.py``).
 """
 
 from __future__ import annotations
@@ -111,10 +114,12 @@ def qk_norm_rope_store(
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
+    *,
+    keep_k: bool = False,
 ) -> torch.Tensor:
     return _backend(qkv).qk_norm_rope_store(
         qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads,
-        q_norm_weight, k_norm_weight, eps,
+        q_norm_weight, k_norm_weight, eps, keep_k=keep_k,
     )  # fmt: skip
 
 
@@ -129,6 +134,8 @@ def paged_attention_prefill(
     *,
     max_query_len: int | None = None,
     out: torch.Tensor | None = None,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
 ) -> torch.Tensor:
     backend = _backend(q)
     if backend is reference:
@@ -138,7 +145,7 @@ def paged_attention_prefill(
         return result if out is None else out.copy_(result)
     return backend.paged_attention_prefill(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-        max_query_len=max_query_len, out=out,
+        max_query_len=max_query_len, out=out, k_new=k_new, v_new=v_new,
     )  # fmt: skip
 
 

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine_kernels import paged_attention_prefill_tma as tma
+
 _LOG2E = 1.4426950408889634
 
 
@@ -92,7 +94,7 @@ def _prefill_kernel(
     num_heads,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    LOOP: tl.constexpr,
+    LOOP: tl.constexpr, SKIP_FRESH: tl.constexpr,
 ):  # fmt: skip
     # Longest-first: the last query tiles of a causal sequence see the most keys. Axis 1 walks
     # (sequence, head) with the query tiles of one head adjacent, so that the programs running
@@ -106,6 +108,8 @@ def _prefill_kernel(
         return
     seq_len = tl.load(seq_lens_ptr + b)
     ctx = seq_len - q_len
+    if SKIP_FRESH and ctx == 0:  # the TMA kernel's (paged_attention_prefill_tma)
+        return
     kvh = h // GROUP
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -215,11 +219,18 @@ def paged_attention_prefill(
     max_query_len: int | None = None,
     out: torch.Tensor | None = None,
     config: dict[str, int] | None = None,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
+    tma_config: dict[str, int] | None = None,
 ) -> torch.Tensor:
     """Triton twin of ``reference.paged_attention_prefill``.
 
     ``max_query_len`` (the longest new-token run of the batch) sizes the grid; without it the
     launcher reads it from ``query_start_loc`` (one host sync). ``out`` may be preallocated.
+    ``k_new`` / ``v_new`` (``[tokens, kv_heads, head_dim]``, the keys and values this step stored
+    into the cache) let the sequences with no cached prefix run on the TMA kernel where it runs
+    (``paged_attention_prefill_tma.supported``), with ``tma_config``; ``config`` sets the paged
+    kernel's launch.
     """
     tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -233,6 +244,10 @@ def paged_attention_prefill(
         return out
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     assert scale > 0
+    use_tma = tma.supported(q, k_new, v_new)
+    if use_tma:
+        tma.attend_fresh(q, k_new, v_new, seq_lens, query_start_loc, scale,
+                         max_query_len=max_query_len, out=out, config=tma_config)  # fmt: skip
     cfg = {**default_config(q), **(config or {})}
     grid = (triton.cdiv(max_query_len, cfg["block_m"]), batch * num_heads)
     _prefill_kernel[grid](
@@ -245,7 +260,7 @@ def paged_attention_prefill(
         BLOCK_D=max(triton.next_power_of_2(head_dim), 16),
         BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        LOOP=cfg["loop"],
+        LOOP=cfg["loop"], SKIP_FRESH=use_tma,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     return out

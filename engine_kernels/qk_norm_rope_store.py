@@ -47,6 +47,7 @@ def _qk_norm_rope_store_kernel(
     stride_vc_blk, stride_vc_tok,
     n_heads, n_kv_heads, page_size, eps,
     HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    KEEP_K: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -76,6 +77,9 @@ def _qk_norm_rope_store_kernel(
         k_dst = k_cache_ptr + blk * stride_kc_blk + off * stride_kc_tok + head_off
         tl.store(k_dst, k1.to(k_cache_ptr.dtype.element_ty), mask=kv_mask)
         tl.store(k_dst + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=kv_mask)
+        if KEEP_K:  # the stored keys, for a reader of contiguous rows (the TMA prefill)
+            tl.store(k_row + head_off, k1.to(k_cache_ptr.dtype.element_ty), mask=kv_mask)
+            tl.store(k_row + head_off + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=kv_mask)
         v_src = k_row + n_kv_heads * head_dim + head_off
         v_dst = v_cache_ptr + blk * stride_vc_blk + off * stride_vc_tok + head_off
         tl.store(v_dst, tl.load(v_src, mask=kv_mask), mask=kv_mask)
@@ -94,6 +98,8 @@ def qk_norm_rope_store(
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
+    *,
+    keep_k: bool = False,
 ) -> torch.Tensor:
     """Triton twin of ``reference.qk_norm_rope_store``."""
     tokens = qkv.shape[0]
@@ -116,6 +122,6 @@ def qk_norm_rope_store(
         num_heads, num_kv_heads, k_cache.shape[1], eps,
         HAS_NORM=has_norm, HALF=half,
         BLOCK_HQ=triton.next_power_of_2(num_heads), BLOCK_HK=triton.next_power_of_2(num_kv_heads),
-        num_warps=4,
+        KEEP_K=keep_k, num_warps=4,
     )  # fmt: skip
     return q_out

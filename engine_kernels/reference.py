@@ -175,10 +175,13 @@ def qk_norm_rope_store(
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
+    *,
+    keep_k: bool = False,
 ) -> torch.Tensor:
     """The attention's input side of ``qkv [T, (H + 2 KVH) D]``: with norm weights, RMSNorm of
     each query and key head; rotary embedding of both; key and value written to their cache
-    slots (-1 skipped). Returns the query ``[T, H, D]`` (``qkv`` may be overwritten)."""
+    slots (-1 skipped). Returns the query ``[T, H, D]`` (``qkv`` may be overwritten). With
+    ``keep_k`` the stored keys are also left in ``qkv``'s key columns."""
     tokens, head_dim = qkv.shape[0], k_cache.shape[-1]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
@@ -189,6 +192,8 @@ def qk_norm_rope_store(
         q, k = rms_norm(q, q_norm_weight, eps), rms_norm(k, k_norm_weight, eps)
     rotary_embedding(positions, q, k, cos_sin_cache)
     store_kvcache(k, v, k_cache, v_cache, slot_mapping)
+    if keep_k:
+        qkv[:, q_size : q_size + kv_size] = k.reshape(tokens, kv_size)
     return q
 
 

@@ -75,9 +75,12 @@ class Attention(nn.Module):
         k_cache, v_cache = kv_cache
         norms = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
         eps = 0.0 if self.q_norm is None else self.q_norm.eps
+        qkv = self.qkv_proj(x)
+        # A prefill on CUDA reads the stored keys back from qkv (the TMA path on Hopper).
+        keep_k = qkv.is_cuda and not ctx.is_decode
         q = ops.qk_norm_rope_store(
-            self.qkv_proj(x), positions, rope_cache, k_cache, v_cache, ctx.slot_mapping,
-            self.num_heads, self.num_kv_heads, *norms, eps,
+            qkv, positions, rope_cache, k_cache, v_cache, ctx.slot_mapping,
+            self.num_heads, self.num_kv_heads, *norms, eps, keep_k=keep_k,
         )  # fmt: skip
         if ctx.is_decode:
             o = ops.paged_attention_decode(
@@ -94,6 +97,9 @@ class Attention(nn.Module):
                 ctx.query_start_loc,
                 self.scale,
                 max_query_len=ctx.max_query_len,
+                # The keys and values just stored, as contiguous rows (TMA reads them on Hopper).
+                k_new=qkv[:, self.q_size : self.q_size + self.kv_size].view(n, -1, self.head_dim),
+                v_new=qkv[:, self.q_size + self.kv_size :].view(n, -1, self.head_dim),
             )
         return self.o_proj(o.reshape(n, self.q_size))
 

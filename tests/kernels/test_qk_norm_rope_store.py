@@ -84,3 +84,27 @@ def test_empty(tops, dtype, device):
     cache = cos_sin_cache(16, 64, device)
     q = tops.qk_norm_rope_store(qkv, positions, cache, k_cache, v_cache, slots, 4, 2)
     assert q.shape == (0, 4, 64)
+
+
+@pytest.mark.parametrize("norm", [True, False], ids=["qk_norm", "no_norm"])
+def test_keep_k_leaves_the_stored_keys_in_qkv(tops, dtype, device, norm):
+    """With ``keep_k`` the key columns of ``qkv`` end up equal to what went into the cache (the
+    TMA prefill reads them there), in both backends; the query and value columns stay as they
+    were in the Triton kernel."""
+    heads, kv_heads, head_dim = 8, 2, 64
+    qkv, positions, slots, k_cache, v_cache = _inputs(
+        9, heads, kv_heads, head_dim, 16, dtype, device, padded=False
+    )
+    cache = cos_sin_cache(4096, head_dim, device)
+    weights = (torch.rand(head_dim, dtype=dtype, device=device) + 0.5,) * 2 if norm else (None,) * 2
+    k_cols = slice(heads * head_dim, (heads + kv_heads) * head_dim)
+    for backend in (tops, reference):
+        x, kc, vc = qkv.clone(), k_cache.clone(), v_cache.clone()
+        backend.qk_norm_rope_store(
+            x, positions, cache, kc, vc, slots, heads, kv_heads, *weights, 1e-6, keep_k=True
+        )
+        stored = kc.view(-1, kv_heads * head_dim)[slots]
+        assert torch.equal(x[:, k_cols], stored), backend.__name__
+        if backend is tops:
+            x[:, k_cols] = qkv[:, k_cols]
+            assert torch.equal(x, qkv), "only the key columns change"

@@ -1,0 +1,158 @@
+"""Prefill attention for Hopper, for the sequences of a step with no cached prefix (a first
+prefill chunk with no prefix-cache hit): their keys and values come through the tensor memory
+accelerator (TMA) from the contiguous projections the step stores into the cache, not from the
+cache's 16-token pages, which are too small a TMA box. ``paged_attention_prefill`` runs the other
+sequences (a cached prefix, later chunks, decode tokens of a mixed step) and calls this.
+
+Why a second kernel: with pointer loads Triton 3.6 pipelines K/V through cp.async, whose
+CTA-wide barriers keep both warpgroups of a program in lock step and leave the tensor cores idle
+during the softmax (docs/performance.md). TMA loads complete on mbarriers, which lets Triton's
+Hopper warp specialisation give the loads to a producer warp and split the tile between two
+consumer warpgroups that overlap one's softmax with the other's matrix products.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from triton import knobs
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+_LOG2E = 1 / math.log(2)
+
+
+
+@triton.jit
+def _update(qk, acc, m_i, l_i, v, scale_log2):
+    """Online softmax (base 2) with one tile's scores ``qk`` (masked entries -inf)."""
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale_log2)
+    p = tl.exp2(qk * scale_log2 - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _prefill_tma_kernel(
+    desc_q, desc_k, desc_v, o_ptr, seq_lens_ptr, qsl_ptr, scale_log2, stride_ot, stride_oh,
+    num_heads,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+):  # fmt: skip
+    # Longest query tiles first; the query tiles of one head are adjacent (shared K/V in L2).
+    # No early return and one loop with no branch in it: Triton 3.6's Hopper warp
+    # specialisation gives up on anything else (a second loop, a paged prefix loop before it, or
+    # a mask behind a branch each left the kernel unspecialised, or crashed the pass).
+    m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    b = tl.program_id(1) // num_heads
+    h = tl.program_id(1) % num_heads
+    q_start = tl.load(qsl_ptr + b)
+    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    fresh = tl.load(seq_lens_ptr + b) == q_len  # no cached prefix: this kernel's sequence
+    end = tl.where(fresh & (m0 < q_len), tl.minimum(m0 + BLOCK_M, q_len), 0)
+    q = desc_q.load([q_start + m0, h * HEAD_DIM])
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_t = tl.arange(0, BLOCK_N)
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    col = h // GROUP * HEAD_DIM
+    for n0 in tl.range(0, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+        k = desc_k.load([q_start + n0, col])
+        v = desc_v.load([q_start + n0, col])
+        qk = tl.dot(q, tl.trans(k))
+        # Causal: key j visible to query i when j <= i. Off the diagonal this is always true; a
+        # branch around it would cost the specialisation. Rows at or past q_len (another
+        # sequence's tokens, TMA's zero fill past the end) are never stored.
+        qk = tl.where((n0 + offs_t)[None, :] <= offs_m[:, None], qk, float("-inf"))
+        acc, m_i, l_i = _update(qk, acc, m_i, l_i, v, scale_log2)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l_i = 0: a program with nothing to do
+    rows = (q_start + offs_m).to(tl.int64)
+    o_off = rows[:, None] * stride_ot + h * stride_oh + tl.arange(0, HEAD_DIM)[None, :]
+    tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(offs_m < end)[:, None])
+
+
+def _cfg(block_m: int, block_n: int, num_warps: int, num_stages: int, ws: int) -> dict:
+    return {"block_m": block_m, "block_n": block_n, "num_warps": num_warps,
+            "num_stages": num_stages, "warp_specialize": ws}  # fmt: skip
+
+
+# Per head dim; the candidates are what the benchmark's sweep times and the CUDA tests check.
+# With warp specialisation ``num_warps`` is per warpgroup (Triton adds the producer and a second
+# consumer), and three stages of 128 x 128 tiles at d128 exceed the 227 KB of shared memory.
+CUDA_CONFIGS = {64: _cfg(128, 128, 4, 3, 1), 128: _cfg(128, 128, 4, 2, 1)}
+CANDIDATE_CONFIGS = {
+    64: [_cfg(128, 128, 4, 3, 1), _cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 3, 1),
+         _cfg(128, 64, 4, 3, 0), _cfg(128, 128, 8, 3, 0)],
+    128: [_cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1), _cfg(128, 64, 4, 3, 1),
+          _cfg(128, 128, 8, 2, 0), _cfg(128, 64, 8, 3, 0)],
+}  # fmt: skip
+
+
+def supported(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Tensor | None) -> bool:
+    """Whether this kernel can take the step's fresh sequences: a Hopper (or newer) GPU and 16-bit
+    inputs, or CPU tensors under Triton's interpreter (how CI runs it); a head dim of 64 or
+    128; the new keys and values given as ``[tokens, kv_heads, head_dim]`` views whose rows TMA
+    can address (16-byte aligned)."""
+    if k_new is None or v_new is None or q.shape[-1] not in (64, 128):
+        return False
+    if q.is_cuda:
+        if q.dtype not in (torch.bfloat16, torch.float16):
+            return False
+        if torch.cuda.get_device_capability(q.device)[0] < 9:
+            return False
+    elif not knobs.runtime.interpret:
+        return False
+    return all(_tma_rows(t) for t in (q, k_new, v_new))
+
+
+def _tma_rows(t: torch.Tensor) -> bool:
+    return (
+        t.stride(2) == 1
+        and t.stride(1) == t.shape[2]
+        and t.stride(0) * t.element_size() % 16 == 0
+        and t.data_ptr() % 16 == 0
+    )
+
+
+def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
+    """A 2-D descriptor over ``[tokens, heads * head_dim]`` of a ``[tokens, heads, head_dim]``
+    view, one head of ``block_rows`` tokens per box."""
+    tokens, heads, dim = t.shape
+    return TensorDescriptor(t, [tokens, heads * dim], [t.stride(0), 1], [block_rows, dim])
+
+
+def attend_fresh(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    max_query_len: int,
+    out: torch.Tensor,
+    config: dict[str, int] | None = None,
+) -> None:
+    """Writes the rows of ``out`` of the sequences with no cached prefix (``seq_lens[b]`` equal
+    to its new-token count), from ``k_new`` / ``v_new`` (``[tokens, kv_heads, head_dim]``, what
+    the step stores into the cache); leaves every other row alone. Call where ``supported``."""
+    tokens, num_heads, head_dim = q.shape
+    batch = seq_lens.shape[0]
+    if tokens == 0 or batch == 0 or max_query_len == 0:
+        return
+    cfg = {**CUDA_CONFIGS[head_dim], **(config or {})}
+    block_m, block_n = cfg["block_m"], cfg["block_n"]
+    assert block_m % block_n == 0, "query tiles must start on key tile boundaries"
+    grid = (triton.cdiv(max_query_len, block_m), batch * num_heads)
+    _prefill_tma_kernel[grid](
+        _descriptor(q, block_m), _descriptor(k_new, block_n), _descriptor(v_new, block_n),
+        out, seq_lens, query_start_loc, scale * _LOG2E, out.stride(0), out.stride(1), num_heads,
+        GROUP=num_heads // k_new.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
+        WARP_SPECIALIZE=bool(cfg["warp_specialize"]),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
