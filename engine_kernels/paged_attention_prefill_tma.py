@@ -45,8 +45,9 @@ def _prefill_tma_kernel(
 ):  # fmt: skip
     # Longest query tiles first; the query tiles of one head are adjacent (shared K/V in L2).
     # No early return and one loop with no branch in it: Triton 3.6's Hopper warp
-    # specialisation gives up on anything else (a second loop, a paged prefix loop before it, or
-    # a mask behind a branch each left the kernel unspecialised, or crashed the pass).
+    # specialisation gives up on anything else (a second loop, a paged prefix loop before it, a
+    # mask behind a branch, the diagonal tiles unrolled before the loop: each left the kernel
+    # unspecialised or crashed the pass, compiled for sm_90).
     m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     b = tl.program_id(1) // num_heads
     h = tl.program_id(1) % num_heads

@@ -2,11 +2,15 @@
 GEMM at the batch sizes of the decode-graph ladder, for Qwen3-0.6B's projections, timed as CUDA
 graph replays (``do_bench_cudagraph``), with each shape's byte and FLOP floors.
 
-    python scripts/diag_decode_gemm.py
+    python scripts/diag_decode_gemm.py [--no-triton]
+
+Also times ``F.linear`` with cuBLASLt preferred (``torch.backends.cuda.preferred_blas_library``),
+which picks its kernels (split-K among them) by its own heuristics.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 
 import torch
@@ -50,7 +54,19 @@ def triton_linear(a, w, out, cfg):
     return out
 
 
+def _linear_us(a, w, blas: str) -> float:
+    torch.backends.cuda.preferred_blas_library(blas)
+    try:
+        return triton.testing.do_bench_cudagraph(functools.partial(F.linear, a, w), rep=100) * 1e3
+    finally:
+        torch.backends.cuda.preferred_blas_library("cublas")
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-triton", action="store_true", help="time cuBLAS and cuBLASLt only")
+    args = ap.parse_args()
+    configs = [] if args.no_triton else CONFIGS
     dev = torch.device("cuda")
     buf = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
     copy_ms = triton.testing.do_bench(functools.partial(buf[1 << 29 :].copy_, buf[: 1 << 29]))
@@ -58,8 +74,8 @@ def main() -> None:
     del buf
     print(f"copy {bw:,.0f} GB/s; times in us, CUDA-graph replays; floor = max(bytes / copy, "
           "FLOPs / 700 TFLOP/s)")
-    print("| shape | M | floor | cuBLAS | best Triton | config | Triton / cuBLAS |")
-    print("|---|---:|---:|---:|---:|---|---:|")
+    print("| shape | M | floor | cuBLAS | cuBLASLt | best Triton | config | Triton / cuBLAS |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|")
     totals = {}
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k, dtype=torch.bfloat16, device=dev) * 0.03
@@ -68,10 +84,9 @@ def main() -> None:
             out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
             ref = F.linear(a, w)
             floor = max((n * k + m * k + m * n) * 2 / bw / 1e3, 2 * m * n * k / 700e12 * 1e6)
-            cublas = triton.testing.do_bench_cudagraph(functools.partial(F.linear, a, w), rep=100)
-            cublas *= 1e3
+            cublas, lt = _linear_us(a, w, "cublas"), _linear_us(a, w, "cublaslt")
             best = (float("inf"), None)
-            for cfg in CONFIGS:
+            for cfg in configs:
                 try:
                     triton_linear(a, w, out, cfg)
                     err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
@@ -82,13 +97,15 @@ def main() -> None:
                     print(f"  {name} M={m} {cfg}: {type(e).__name__} {str(e)[:60]}")
                     continue
                 best = min(best, (us, cfg))
-            totals[(name, m)] = (cublas, best[0])
-            print(f"| {name} | {m} | {floor:.1f} | {cublas:.1f} | {best[0]:.1f} | {best[1]} | "
-                  f"{best[0] / cublas:.2f} |", flush=True)
+            totals[(name, m)] = (cublas, lt, best[0])
+            print(f"| {name} | {m} | {floor:.1f} | {cublas:.1f} | {lt:.1f} | {best[0]:.1f} | "
+                  f"{best[1]} | {best[0] / cublas:.2f} |", flush=True)
     for m in BATCHES:
         c = sum(v[0] for (s, mm), v in totals.items() if mm == m and s != "lm_head") * 28
+        lt = sum(v[1] for (s, mm), v in totals.items() if mm == m and s != "lm_head") * 28
         t = sum(min(v) for (s, mm), v in totals.items() if mm == m and s != "lm_head") * 28
-        print(f"M={m}: 28 layers cuBLAS {c:.0f} us, best-of-both {t:.0f} us per step")
+        print(f"M={m}: 28 layers cuBLAS {c:.0f} us, cuBLASLt {lt:.0f} us, best of all {t:.0f} us "
+              "per step")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,75 @@
+"""Compile the TMA prefill kernel's candidate configurations for sm_90 on this machine (no GPU)
+and report what each became: registers, stack (spills), shared memory, whether Triton's Hopper
+warp specialisation took the loop, warps, wgmma count and setmaxnreg. Run it with the device's
+Triton (3.6) to read what the H200 will run:
+
+    python3 -m venv /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0 torch==2.13.0 numpy
+    /tmp/t36/bin/python scripts/diag_prefill_sm90.py
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from engine_kernels.paged_attention_prefill_tma import (  # noqa: E402
+    CANDIDATE_CONFIGS,
+    _prefill_tma_kernel,
+)
+
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+def compile_config(head_dim: int, cfg: dict) -> str:
+    bm, bn = cfg["block_m"], cfg["block_n"]
+    signature = {
+        "desc_q": f"tensordesc<bf16[{bm}, {head_dim}]>",
+        "desc_k": f"tensordesc<bf16[{bn}, {head_dim}]>",
+        "desc_v": f"tensordesc<bf16[{bn}, {head_dim}]>",
+        "o_ptr": "*bf16", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32", "scale_log2": "fp32",
+        "stride_ot": "i32", "stride_oh": "i32", "num_heads": "i32",
+    }  # fmt: skip
+    constants = {"GROUP": 2, "HEAD_DIM": head_dim, "BLOCK_M": bm, "BLOCK_N": bn,
+                 "WARP_SPECIALIZE": bool(cfg["warp_specialize"])}  # fmt: skip
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    kernel = triton.compile(
+        ASTSource(_prefill_tma_kernel, signature, constants),
+        target=GPUTarget("cuda", 90, 128),
+        options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
+    )
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run(
+            [CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    regs, stack = (re.search(rf"{k}:(\d+)", usage).group(1) for k in ("REG", "STACK"))
+    ptx = kernel.asm["ptx"]
+    return (f"registers {regs}, stack {stack} B, shared {kernel.metadata.shared} B, "
+            f"warp-specialised {'ttg.warp_specialize' in kernel.asm['ttgir']}, "
+            f"warps {kernel.metadata.num_warps}, wgmma {ptx.count('wgmma.mma_async')}, "
+            f"setmaxnreg {ptx.count('setmaxnreg')}")  # fmt: skip
+
+
+def main() -> None:
+    print(f"triton {triton.__version__}, target sm_90")
+    for head_dim, configs in sorted(CANDIDATE_CONFIGS.items(), reverse=True):
+        for cfg in configs:
+            try:
+                report = compile_config(head_dim, cfg)
+            except Exception as e:  # noqa: BLE001 - a configuration the compiler refuses
+                report = f"{type(e).__name__}: {str(e)[:120]}"
+            print(f"d{head_dim} {cfg}: {report}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
