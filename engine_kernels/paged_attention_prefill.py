@@ -11,8 +11,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine_kernels import paged_attention_prefill_tma as tma
-
 _LOG2E = 1.4426950408889634
 
 
@@ -87,6 +85,21 @@ def _pages(bt_row_ptr, offs_n, kv_end, PAGE: tl.constexpr):
 
 
 @triton.jit
+def _query_tile(qsl_ptr, num_heads, BLOCK_M: tl.constexpr):
+    """This program's query tile: (first row m0, sequence b, head h, q_start, q_len).
+
+    Longest-first: the last query tiles of a causal sequence see the most keys. Axis 1 walks
+    (sequence, head) with the query tiles of one head adjacent, so that the programs running
+    together share their K/V in L2."""
+    m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    b = tl.program_id(1) // num_heads
+    h = tl.program_id(1) % num_heads
+    q_start = tl.load(qsl_ptr + b)
+    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    return m0, b, h, q_start, q_len
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -96,14 +109,7 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     LOOP: tl.constexpr, SKIP_FRESH: tl.constexpr,
 ):  # fmt: skip
-    # Longest-first: the last query tiles of a causal sequence see the most keys. Axis 1 walks
-    # (sequence, head) with the query tiles of one head adjacent, so that the programs running
-    # together share their K/V in L2.
-    m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-    b = tl.program_id(1) // num_heads
-    h = tl.program_id(1) % num_heads
-    q_start = tl.load(qsl_ptr + b)
-    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    m0, b, h, q_start, q_len = _query_tile(qsl_ptr, num_heads, BLOCK_M)
     if m0 >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + b)
@@ -244,6 +250,8 @@ def paged_attention_prefill(
         return out
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     assert scale > 0
+    from engine_kernels import paged_attention_prefill_tma as tma  # imports this module
+
     use_tma = tma.supported(q, k_new, v_new)
     if use_tma:
         tma.attend_fresh(q, k_new, v_new, seq_lens, query_start_loc, scale,

@@ -13,27 +13,13 @@ consumer warpgroups that overlap one's softmax with the other's matrix products.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-_LOG2E = 1 / math.log(2)
-
-
-
-@triton.jit
-def _update(qk, acc, m_i, l_i, v, scale_log2):
-    """Online softmax (base 2) with one tile's scores ``qk`` (masked entries -inf)."""
-    m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale_log2)
-    p = tl.exp2(qk * scale_log2 - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    return acc, m_new, l_i
+from engine_kernels.paged_attention_prefill import _LOG2E, _query_tile, _softmax_pv
 
 
 @triton.jit
@@ -43,16 +29,11 @@ def _prefill_tma_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
 ):  # fmt: skip
-    # Longest query tiles first; the query tiles of one head are adjacent (shared K/V in L2).
     # No early return and one loop with no branch in it: Triton 3.6's Hopper warp
     # specialisation gives up on anything else (a second loop, a paged prefix loop before it, a
     # mask behind a branch, the diagonal tiles unrolled before the loop: each left the kernel
     # unspecialised or crashed the pass, compiled for sm_90).
-    m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-    b = tl.program_id(1) // num_heads
-    h = tl.program_id(1) % num_heads
-    q_start = tl.load(qsl_ptr + b)
-    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    m0, b, h, q_start, q_len = _query_tile(qsl_ptr, num_heads, BLOCK_M)
     fresh = tl.load(seq_lens_ptr + b) == q_len  # no cached prefix: this kernel's sequence
     end = tl.where(fresh & (m0 < q_len), tl.minimum(m0 + BLOCK_M, q_len), 0)
     q = desc_q.load([q_start + m0, h * HEAD_DIM])
@@ -70,7 +51,9 @@ def _prefill_tma_kernel(
         # branch around it would cost the specialisation. Rows at or past q_len (another
         # sequence's tokens, TMA's zero fill past the end) are never stored.
         qk = tl.where((n0 + offs_t)[None, :] <= offs_m[:, None], qk, float("-inf"))
-        acc, m_i, l_i = _update(qk, acc, m_i, l_i, v, scale_log2)
+        acc, m_i, l_i = _softmax_pv(
+            qk, acc, m_i, l_i, v, offs_t, offs_m, end, False, scale_log2, 0, "tf32"
+        )
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l_i = 0: a program with nothing to do
     rows = (q_start + offs_m).to(tl.int64)
     o_off = rows[:, None] * stride_ot + h * stride_oh + tl.arange(0, HEAD_DIM)[None, :]
