@@ -23,6 +23,7 @@ and ignored by the reference:
   it; pass the step's new keys and values as ``[tokens, kv_heads, head_dim]`` views (what
   ``qk_norm_rope_store(..., keep_k=True)`` leaves in ``qkv``) to let sequences with no cached
   prefix read them through TMA on Hopper (``engine_kernels/paged_attention_prefill_tma.py``).
+  That kernel is opt-in on CUDA (``ENGINE_KERNELS_TMA_PREFILL=1``, ``tma_prefill_enabled``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,17 @@ def triton_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+# The TMA prefill kernel is opt-in on CUDA: on its first GPU runs (an H100 and an H200, Triton 3.6,
+# 2026-12-05) calls did not return, so the paged kernel stays the CUDA path until the TMA kernel
+# is proven on a GPU (docs/performance.md). Under the interpreter it always runs (CI covers it).
+TMA_PREFILL_OPT_IN = "ENGINE_KERNELS_TMA_PREFILL"
+
+
+def tma_prefill_enabled() -> bool:
+    """Whether CUDA prefills may use the TMA kernel (``ENGINE_KERNELS_TMA_PREFILL=1``)."""
+    return os.environ.get(TMA_PREFILL_OPT_IN, "0") == "1"
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

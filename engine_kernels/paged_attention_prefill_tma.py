@@ -19,6 +19,7 @@ import triton.language as tl
 from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from engine_kernels.ops import tma_prefill_enabled
 from engine_kernels.paged_attention_prefill import _LOG2E, _query_tile, _softmax_pv
 
 
@@ -78,13 +79,15 @@ CANDIDATE_CONFIGS = {
 
 
 def supported(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Tensor | None) -> bool:
-    """Whether this kernel can take the step's fresh sequences: a Hopper (or newer) GPU and 16-bit
-    inputs, or CPU tensors under Triton's interpreter (how CI runs it); a head dim of 64 or
-    128; the new keys and values given as ``[tokens, kv_heads, head_dim]`` views whose rows TMA
-    can address (16-byte aligned)."""
+    """Whether this kernel can take the step's fresh sequences: a Hopper (or newer) GPU with
+    ``ENGINE_KERNELS_TMA_PREFILL=1`` and 16-bit inputs, or CPU tensors under Triton's interpreter
+    (how CI runs it); a head dim of 64 or 128; the new keys and values given as
+    ``[tokens, kv_heads, head_dim]`` views whose rows TMA can address (16-byte aligned)."""
     if k_new is None or v_new is None or q.shape[-1] not in (64, 128):
         return False
     if q.is_cuda:
+        if not tma_prefill_enabled():
+            return False
         if q.dtype not in (torch.bfloat16, torch.float16):
             return False
         if torch.cuda.get_device_capability(q.device)[0] < 9:

@@ -76,8 +76,8 @@ class Attention(nn.Module):
         norms = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
         eps = 0.0 if self.q_norm is None else self.q_norm.eps
         qkv = self.qkv_proj(x)
-        # A prefill on CUDA reads the stored keys back from qkv (the TMA path on Hopper).
-        keep_k = qkv.is_cuda and not ctx.is_decode
+        # A prefill on CUDA may read the stored keys back from qkv (the opt-in TMA path on Hopper).
+        keep_k = qkv.is_cuda and not ctx.is_decode and ops.tma_prefill_enabled()
         q = ops.qk_norm_rope_store(
             qkv, positions, rope_cache, k_cache, v_cache, ctx.slot_mapping,
             self.num_heads, self.num_kv_heads, *norms, eps, keep_k=keep_k,
