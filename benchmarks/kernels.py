@@ -272,17 +272,18 @@ def _prefill_inputs(dim: int):
 
 def _prefill_sweep_configs(dim: int) -> list[tuple[str, dict]]:
     """(kernel, configuration): the paged kernel's candidates ("paged": every K/V through the
-    block tables) and the TMA kernel's ("tma": the new tokens' K/V contiguous)."""
+    block tables) and, where it is opted in, the TMA kernel's ("tma": the new tokens' K/V
+    contiguous; without the opt-in they would time the paged kernel under the TMA's name)."""
     from engine_kernels import paged_attention_prefill as paged
     from engine_kernels import paged_attention_prefill_tma as tma
+    from engine_kernels.ops import tma_prefill_enabled
 
     if SMALL:
         cfg = paged.default_config(torch.empty(0))
         return [("paged", cfg), ("paged", {**cfg, "loop": 1})]
     d = 64 if dim <= 64 else 128
-    return [("paged", c) for c in paged.CANDIDATE_CONFIGS[d]] + [
-        ("tma", c) for c in tma.CANDIDATE_CONFIGS[d]
-    ]
+    tma_configs = tma.CANDIDATE_CONFIGS[d] if tma_prefill_enabled() else []
+    return [("paged", c) for c in paged.CANDIDATE_CONFIGS[d]] + [("tma", c) for c in tma_configs]
 
 
 def _run_prefill(inputs, length: int, scale: float, kind: str, cfg: dict | None = None, out=None):
@@ -332,9 +333,9 @@ def bench_prefill(rate_ceiling: float, sweep: bool) -> list[Row]:
 
 
 def _bench_prefill_case(rate_ceiling: float, sweep: bool, dim: int) -> list[Row]:
-    """Two rows: the engine's prefill (the TMA kernel where it runs, given the new K/V
-    contiguous as the engine gives them) and the paged kernel alone (every K/V through the block
-    tables, what a later chunk of a chunked prefill reads)."""
+    """Two rows: the engine's prefill (the TMA kernel where it runs and is opted in, given the
+    new K/V contiguous as the engine gives them) and the paged kernel alone (every K/V through
+    the block tables, what a later chunk of a chunked prefill reads)."""
     (batch, heads, length, page), (q4, k4, v4), inputs = _prefill_inputs(dim)
     q, kc, vc, tables, lens, qsl, _, _ = inputs
     scale = dim**-0.5

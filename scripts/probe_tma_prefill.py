@@ -1,0 +1,91 @@
+"""Does the TMA prefill kernel return on this GPU, for one configuration, and is it right? Causal
+bf16 sequences of the given lengths (several lengths leave some programs with no key tile: the
+engine's mixed steps do), checked against SDPA. It says when the launch returned (the compile is
+done; the kernel is queued) and when the GPU finished, so a hang shows which of the two never
+came. A hung kernel never gives control back: run each configuration in its own process under
+`timeout` (scripts/device_tma_probe.sh does, in parallel, then times those that returned).
+
+    ENGINE_KERNELS_TMA_PREFILL=1 timeout 60 python3 scripts/probe_tma_prefill.py \
+        128 128 128 4 2 1 --lens 512,100 [--time]
+
+``--time`` also times the configuration on the kernel benchmark's prefill shape (8 x 4096
+tokens, 16 heads) against the fastest SDPA backend (alone on the GPU, or the times mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine_kernels import paged_attention_prefill_tma as tma  # noqa: E402
+from engine_kernels.ops import TMA_PREFILL_OPT_IN  # noqa: E402
+
+
+def check(head_dim: int, cfg: dict, lens: list[int]) -> str:
+    heads, kv_heads = 16, 8
+    tokens = sum(lens)
+    q = torch.randn(tokens, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(tokens, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    out = torch.full_like(q, float("nan"))
+    seq_lens = torch.tensor(lens, device="cuda", dtype=torch.int32)
+    qsl = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda",
+                       dtype=torch.int32)  # fmt: skip
+    start = time.perf_counter()
+    tma.attend_fresh(q, k, v, seq_lens, qsl, head_dim**-0.5, max_query_len=max(lens), out=out,
+                     config=cfg)  # fmt: skip
+    print(f"  launch returned in {time.perf_counter() - start:.1f} s (compile included)",
+          flush=True)  # fmt: skip
+    torch.cuda.synchronize()
+    print(f"  GPU finished {time.perf_counter() - start:.1f} s after the launch", flush=True)
+    err = 0.0
+    for s, n in zip(qsl.tolist(), lens):
+        qs, ks, vs = (t[s : s + n].transpose(0, 1) for t in (q, k, v))
+        expect = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+        err = max(err, (out[s : s + n] - expect.transpose(0, 1)).float().abs().max().item())
+    return f"max abs err {err:.1e} against SDPA"
+
+
+def timed(head_dim: int, cfg: dict) -> str:
+    from benchmarks.kernels import _prefill_inputs, _run_prefill, bench, fastest_sdpa
+
+    (batch, heads, length, _), (q4, k4, v4), inputs = _prefill_inputs(head_dim)
+    scale = head_dim**-0.5
+    peer, peer_ms, _ = fastest_sdpa(
+        lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale)
+    )
+    ms = bench(lambda: _run_prefill(inputs, length, scale, "tma", cfg))
+    flops = 4 * batch * heads * head_dim * length * (length + 1) / 2
+    return (f"{batch}x{length} tok: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s, "
+            f"{peer_ms / ms:.2f}x {peer} ({peer_ms:.3f} ms)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", type=int, nargs=6,
+                        metavar="HEAD_DIM BLOCK_M BLOCK_N WARPS STAGES WS")  # fmt: skip
+    parser.add_argument("--lens", default="512", help="comma-separated sequence lengths")
+    parser.add_argument("--time", action="store_true")
+    args = parser.parse_args()
+    if os.environ.get(TMA_PREFILL_OPT_IN) != "1":
+        sys.exit(f"set {TMA_PREFILL_OPT_IN}=1: the kernel is opt-in on CUDA")
+    head_dim, block_m, block_n, warps, stages, ws = args.config
+    cfg = {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages,
+           "warp_specialize": ws}  # fmt: skip
+    name = f"d{head_dim} {block_m}x{block_n} w{warps} s{stages} ws{ws}"
+    print(f"{name} lens {args.lens}:", flush=True)
+    print(f"{name}: {check(head_dim, cfg, [int(n) for n in args.lens.split(',')])}", flush=True)
+    if args.time:
+        print(f"{name}: {timed(head_dim, cfg)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
