@@ -25,8 +25,8 @@ from engine_kernels.paged_attention_prefill import _LOG2E, _query_tile, _softmax
 
 @triton.jit
 def _prefill_tma_kernel(
-    desc_q, desc_k, desc_v, o_ptr, seq_lens_ptr, qsl_ptr, scale_log2, stride_ot, stride_oh,
-    num_heads,
+    q_ptr, tokens, stride_qt, desc_k, desc_v, o_ptr, seq_lens_ptr, qsl_ptr, scale_log2,
+    stride_ot, stride_oh, num_heads,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
 ):  # fmt: skip
@@ -37,6 +37,13 @@ def _prefill_tma_kernel(
     m0, b, h, q_start, q_len = _query_tile(qsl_ptr, num_heads, BLOCK_M)
     fresh = tl.load(seq_lens_ptr + b) == q_len  # no cached prefix: this kernel's sequence
     end = tl.where(fresh & (m0 < q_len), tl.minimum(m0 + BLOCK_M, q_len), 0)
+    # The query tile's descriptor is made here, not on the host: the specialisation gives each
+    # consumer warpgroup half the tile, and Triton 3.6 then copies a host descriptor's whole box
+    # into each half while its barrier waits for half the bytes, which hung every GPU run
+    # (docs/performance.md). A descriptor made in the kernel is rebuilt with the half box.
+    desc_q = tl.make_tensor_descriptor(
+        q_ptr, [tokens, num_heads * HEAD_DIM], [stride_qt, 1], [BLOCK_M, HEAD_DIM]
+    )
     q = desc_q.load([q_start + m0, h * HEAD_DIM])
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_t = tl.arange(0, BLOCK_N)
@@ -106,6 +113,11 @@ def _tma_rows(t: torch.Tensor) -> bool:
     )
 
 
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Global memory for the descriptors the kernel makes (128 bytes a program)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
     """A 2-D descriptor over ``[tokens, heads * head_dim]`` of a ``[tokens, heads, head_dim]``
     view, one head of ``block_rows`` tokens per box."""
@@ -136,9 +148,10 @@ def attend_fresh(
     block_m, block_n = cfg["block_m"], cfg["block_n"]
     assert block_m % block_n == 0, "query tiles must start on key tile boundaries"
     grid = (triton.cdiv(max_query_len, block_m), batch * num_heads)
+    triton.set_allocator(_scratch)  # per call: the allocator is a context variable (per thread)
     _prefill_tma_kernel[grid](
-        _descriptor(q, block_m), _descriptor(k_new, block_n), _descriptor(v_new, block_n),
-        out, seq_lens, query_start_loc, scale * _LOG2E, out.stride(0), out.stride(1), num_heads,
+        q, tokens, q.stride(0), _descriptor(k_new, block_n), _descriptor(v_new, block_n), out,
+        seq_lens, query_start_loc, scale * _LOG2E, out.stride(0), out.stride(1), num_heads,
         GROUP=num_heads // k_new.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         WARP_SPECIALIZE=bool(cfg["warp_specialize"]),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],

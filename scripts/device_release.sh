@@ -5,7 +5,8 @@
 # (pytest-asyncio carried as a wheel in .whl, see scripts/device_conformance.sh) and the profile.
 # The device returns at most 8 files, so every step's whole log is appended to $OUT/release.log
 # and only its tail is shown. STEPS picks the steps and their order (default: all but profile and
-# tma_probe, scripts/device_tma_probe.sh, which runs the opt-in TMA prefill kernel); a second
+# tma_probe, scripts/device_tma_probe.sh, which runs the opt-in TMA prefill kernel and opts the
+# steps after it in when the kernel's defaults returned right); a second
 # call on the still-warm machine reuses the Triton cache the first one filled. DEADLINE (seconds)
 # shortens the steps' limits so that the last one ends before the device call's own limit.
 # SWEEP=1 also times every candidate prefill configuration (the row's default among them).
@@ -33,6 +34,7 @@ step() {  # step NAME SECONDS CMD...: runs CMD under a time limit, appends its l
   echo "== $name: $*" >> "$LOG"
   timeout "$limit" "$@" > "/tmp/$name.log" 2>&1
   status=$?
+  STATUS=$status
   grep -v "Processed prompts" "/tmp/$name.log" >> "$LOG"
   echo "== $name: exit $status in $((SECONDS - start)) s" | tee -a "$LOG"
   grep -v "Processed prompts" "/tmp/$name.log" | grep -v "^\s*$" | tail -n "${TAIL:-8}"
@@ -49,7 +51,11 @@ for name in $STEPS; do
     gpu_check) TAIL=8 step gpu_check 200 python3 -m benchmarks.gpu_check ;;
     conformance) TAIL=4 step conformance 120 bash scripts/device_conformance.sh -x ;;
     profile) TAIL=40 step profile 150 python3 -m benchmarks.gpu_throughput --engines profile-full ;;
-    tma_probe) TAIL=40 step tma_probe 200 bash scripts/device_tma_probe.sh ;;
+    tma_probe) TAIL=40 step tma_probe 200 bash scripts/device_tma_probe.sh
+      if [ "$STATUS" = 0 ]; then  # its defaults returned right: the steps after it use it
+        export ENGINE_KERNELS_TMA_PREFILL=1
+        echo "== the TMA prefill kernel's defaults returned right: opted in from here" | tee -a "$LOG"
+      fi ;;
     *) echo "unknown step $name" | tee -a "$LOG" ;;
   esac
 done

@@ -28,8 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine_kernels import paged_attention_prefill_tma as tma  # noqa: E402
 from engine_kernels.ops import TMA_PREFILL_OPT_IN  # noqa: E402
 
+TOLERANCE = 5e-2  # bf16 outputs of unit-variance inputs; a wrong tile is off by ~1
 
-def check(head_dim: int, cfg: dict, lens: list[int]) -> str:
+
+def check(head_dim: int, cfg: dict, lens: list[int]) -> float:
     heads, kv_heads = 16, 8
     tokens = sum(lens)
     q = torch.randn(tokens, heads, head_dim, device="cuda", dtype=torch.bfloat16)
@@ -51,7 +53,7 @@ def check(head_dim: int, cfg: dict, lens: list[int]) -> str:
         qs, ks, vs = (t[s : s + n].transpose(0, 1) for t in (q, k, v))
         expect = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
         err = max(err, (out[s : s + n] - expect.transpose(0, 1)).float().abs().max().item())
-    return f"max abs err {err:.1e} against SDPA"
+    return err
 
 
 def timed(head_dim: int, cfg: dict) -> str:
@@ -82,7 +84,11 @@ def main() -> None:
            "warp_specialize": ws}  # fmt: skip
     name = f"d{head_dim} {block_m}x{block_n} w{warps} s{stages} ws{ws}"
     print(f"{name} lens {args.lens}:", flush=True)
-    print(f"{name}: {check(head_dim, cfg, [int(n) for n in args.lens.split(',')])}", flush=True)
+    err = check(head_dim, cfg, [int(n) for n in args.lens.split(",")])
+    verdict = "right" if err <= TOLERANCE else "WRONG"
+    print(f"{name}: {verdict}, max abs err {err:.1e} against SDPA", flush=True)
+    if err > TOLERANCE:
+        sys.exit(1)
     if args.time:
         print(f"{name}: {timed(head_dim, cfg)}", flush=True)
 
