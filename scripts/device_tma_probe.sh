@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# On the lent GPU: which configurations of the opt-in TMA prefill kernel return, and are right
-# (scripts/probe_tma_prefill.py, each in its own process under a time limit, all at once: a hung
-# kernel never gives control back); then, one at a time, the time of each that did on the kernel
-# benchmark's prefill shape against the fastest SDPA backend. LIMIT: seconds per probe. Exits 0
-# when the kernel's default configurations (CUDA_CONFIGS, the first of each head dim below)
-# returned right on every probe.
+# On the lent GPU: which configurations of the opt-in TMA prefill kernel (its CANDIDATE_CONFIGS)
+# return, and are right (scripts/probe_tma_prefill.py, each in its own process under a time
+# limit, all at once: a hung kernel never gives control back). TIME=1 then times, one at a time,
+# each that did on the kernel benchmark's prefill shape against the fastest SDPA backend (the
+# benchmark's --sweep times them in one process, which a hang would stop). LIMIT: seconds per
+# probe. Exits 0 when the kernel's defaults (CUDA_CONFIGS) returned right on every probe.
 set -uo pipefail
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ENGINE_KERNELS_TMA_PREFILL=1
 LIMIT="${LIMIT:-90}"
-CONFIGS=(  # head_dim block_m block_n warps stages ws: the kernel's candidates
-  "128 128 128 4 2 1" "128 128 64 4 2 1" "128 128 64 4 3 1" "128 128 128 8 2 0"
-  "128 128 64 8 3 0" "64 128 128 4 3 1" "64 128 64 4 3 1" "64 128 64 4 3 0" "64 128 128 8 3 0"
-)
+configs() {  # configs NAME: one "head_dim block_m block_n warps stages ws" line per configuration
+  python3 -c "from engine_kernels import paged_attention_prefill_tma as t
+cs = t.$1
+for d, cl in sorted(cs.items()):
+    for c in cl if isinstance(cl, list) else [cl]:
+        print(d, *(c[k] for k in ('block_m', 'block_n', 'num_warps', 'num_stages', 'warp_specialize')))"
+}
+mapfile -t CONFIGS < <(configs CANDIDATE_CONFIGS)
+mapfile -t DEFAULTS < <(configs CUDA_CONFIGS)
 dir=$(mktemp -d)
 for i in "${!CONFIGS[@]}"; do
   for lens in 512 512,100; do  # 512,100: programs with no key tile, as in the engine's steps
@@ -20,17 +25,21 @@ for i in "${!CONFIGS[@]}"; do
   done
 done
 wait
-returned=()
+right=()
 for i in "${!CONFIGS[@]}"; do
   for lens in 512 512,100; do grep -v "^\s*$" "$dir/$i-$lens.log" | tail -n 4; done
   if grep -q ": right," "$dir/$i-512.log" && grep -q ": right," "$dir/$i-512,100.log"; then
-    returned+=("$i")
+    right+=("${CONFIGS[$i]}")
   fi
 done
+echo "== ${#right[@]} of ${#CONFIGS[@]} configurations returned right"
 defaults_ok=1
-for i in 0 5; do [[ " ${returned[*]} " == *" $i "* ]] || defaults_ok=0; done
-echo "== timing the ${#returned[@]} configurations that returned right"
-for i in "${returned[@]}"; do
-  timeout "$LIMIT" python3 scripts/probe_tma_prefill.py ${CONFIGS[$i]} --time 2>&1 | tail -n 1
+for d in "${DEFAULTS[@]}"; do
+  printf '%s\n' "${right[@]}" | grep -qx "$d" || { defaults_ok=0; echo "default $d did not"; }
 done
+if [ "${TIME:-0}" = 1 ]; then
+  for c in "${right[@]}"; do
+    timeout "$LIMIT" python3 scripts/probe_tma_prefill.py $c --time 2>&1 | tail -n 1
+  done
+fi
 [ "$defaults_ok" = 1 ]
