@@ -4,19 +4,21 @@
 # CUDA, the CUDA path against the CPU path and HF (gpu_check), the conformance suite on CUDA
 # (pytest-asyncio carried as a wheel in .whl, see scripts/device_conformance.sh) and the profile.
 # The device returns at most 8 files, so every step's whole log is appended to $OUT/release.log
-# and only its tail is shown. STEPS picks the steps and their order (default: all but profile and
-# tma_probe, scripts/device_tma_probe.sh, which runs the opt-in TMA prefill kernel and opts the
-# steps after it in when the kernel's defaults returned right); a second
-# call on the still-warm machine reuses the Triton cache the first one filled. DEADLINE (seconds)
-# shortens the steps' limits so that the last one ends before the device call's own limit.
-# SWEEP=1 also times every candidate prefill configuration (the row's default among them).
-# The limits fit a cold Triton cache; a step that hangs is cut at its limit (2026-12-05: every
-# bf16 step that ran the TMA prefill kernel, since opt-in).
+# and only its tail is shown. STEPS picks the steps and their order; the default is the one-call
+# check of docs/performance.md (about 270 s on a fresh H100): tma_probe first
+# (scripts/device_tma_probe.sh: the opt-in TMA prefill kernel's candidates, each in its own
+# process under a limit; when its defaults return right, the steps after it run with the kernel
+# opted in), then the CUDA kernel tests, the prefill rows, the throughput, the conformance suite,
+# gpu_check, the decode rows and the profile. A second call on the still-warm machine reuses the
+# Triton cache the first one filled. DEADLINE (seconds) shortens the steps' limits so that the
+# last one ends before the device call's own limit. SWEEP=1 also times every candidate prefill
+# configuration (the row's default among them). A step that hangs is cut at its limit
+# (2026-12-05: every bf16 step that ran the first TMA prefill kernel).
 set -uo pipefail
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 LOG="$OUT/release.log"
-STEPS="${STEPS:-prefill decode throughput kernel_tests gpu_check conformance}"
+STEPS="${STEPS:-tma_probe kernel_tests prefill throughput conformance gpu_check decode profile}"
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
