@@ -68,9 +68,10 @@ def triton_available() -> bool:
     return True
 
 
-# The TMA prefill kernel is opt-in on CUDA: on its first GPU runs (an H100 and an H200, Triton 3.6,
-# 2026-12-05) calls did not return, so the paged kernel stays the CUDA path until the TMA kernel
-# is proven on a GPU (docs/performance.md). Under the interpreter it always runs (CI covers it).
+# The TMA prefill kernel is opt-in on CUDA: its first version hung on every GPU run (an H100 and
+# an H200, Triton 3.6, 2026-12-05); the fixed one has been right on one H100 in two calls, which
+# is not yet enough for the default path (docs/performance.md). Under the interpreter it always
+# runs (CI covers it).
 TMA_PREFILL_OPT_IN = "ENGINE_KERNELS_TMA_PREFILL"
 
 

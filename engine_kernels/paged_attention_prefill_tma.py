@@ -151,7 +151,7 @@ def attend_fresh(
     cfg = {**CUDA_CONFIGS[head_dim], **(config or {})}
     block_m, block_n = cfg["block_m"], cfg["block_n"]
     assert block_m % block_n == 0, "query tiles must start on key tile boundaries"
-    if q.is_cuda and cfg["warp_specialize"] and cfg["num_stages"] > WARP_SPECIALIZED_MAX_STAGES:
+    if cfg["warp_specialize"] and cfg["num_stages"] > WARP_SPECIALIZED_MAX_STAGES:
         raise ValueError(
             f"warp-specialised TMA prefill with {cfg['num_stages']} stages: at most "
             f"{WARP_SPECIALIZED_MAX_STAGES} (more left rows NaN on Hopper with Triton 3.6)"

@@ -136,3 +136,19 @@ def test_unsupported_views_fall_back(tops, device):
     odd = x[:, 1:65].view(5, 1, 64)  # starts 4 bytes in
     assert not tma.supported(q, odd, odd)
     assert not tma.supported(q, None, None)
+
+
+def test_warp_specialised_three_stages_is_refused(tops, device):
+    """Warp-specialised with 3 stages left rows NaN on an H100 (Triton 3.6): refused with a clear
+    error before anything is launched, everywhere, and ``out`` is left alone."""
+    from engine_kernels import paged_attention_prefill_tma as tma
+
+    q, k_new, v_new, _, _, _, lens, qsl, max_q = _inputs(
+        [(0, 20)], 4, 2, 64, torch.bfloat16, device
+    )
+    out = torch.full_like(q, float("nan"))
+    cfg = _cfg(128, 64, 4, 3, ws=1)
+    with pytest.raises(ValueError, match="at most 2"):
+        tma.attend_fresh(q, k_new, v_new, lens, qsl, 0.125, max_query_len=max_q, out=out,
+                         config=cfg)  # fmt: skip
+    assert out.isnan().all()
