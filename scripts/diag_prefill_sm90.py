@@ -1,10 +1,15 @@
 """Compile the TMA prefill kernel's candidate configurations for sm_90 on this machine (no GPU)
 and report what each became: registers, stack (spills), shared memory, whether Triton's Hopper
-warp specialisation took the loop, warps, wgmma count and setmaxnreg. Run it with the device's
-Triton (3.6) to read what the H200 will run:
+warp specialisation took the loop, warps, wgmma count, setmaxnreg, and TMA copies into a buffer
+of another shape than their box (the fault that hung the kernel on every GPU run). Run it with the
+device's Triton (3.6) to read what the H100 / H200 will run:
 
     python3 -m venv /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0 torch==2.13.0 numpy
     /tmp/t36/bin/python scripts/diag_prefill_sm90.py
+
+``--check`` compiles the defaults (CUDA_CONFIGS) only and exits 1 unless each compiled, each
+specialised one was specialised, and no TMA copy fills a buffer of another shape (a CI test runs
+it: tests/kernels/test_prefill_tma_sm90.py).
 """
 
 from __future__ import annotations
@@ -23,13 +28,14 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from engine_kernels.paged_attention_prefill_tma import (  # noqa: E402
     CANDIDATE_CONFIGS,
+    CUDA_CONFIGS,
     _prefill_tma_kernel,
 )
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
-def compile_config(head_dim: int, cfg: dict) -> str:
+def compile_config(head_dim: int, cfg: dict):
     bm, bn = cfg["block_m"], cfg["block_n"]
     signature = {
         "q_ptr": "*bf16", "tokens": "i32", "stride_qt": "i32",
@@ -46,6 +52,10 @@ def compile_config(head_dim: int, cfg: dict) -> str:
         target=GPUTarget("cuda", 90, 128),
         options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
     )
+    return kernel
+
+
+def report(kernel) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
@@ -74,16 +84,36 @@ def box_mismatches(ttgir: str) -> int:
     return sum(box != buffer for box, buffer in copies)
 
 
-def main() -> None:
+def check(head_dim: int, cfg: dict) -> str | None:
+    """What is wrong with this configuration compiled for sm_90, or None."""
+    try:
+        kernel = compile_config(head_dim, cfg)
+    except Exception as e:  # noqa: BLE001 - a configuration the compiler refuses
+        return f"does not compile: {type(e).__name__}: {str(e)[:200]}"
+    ttgir = kernel.asm["ttgir"]
+    if cfg["warp_specialize"] and "ttg.warp_specialize" not in ttgir:
+        return "asked for warp specialisation, compiled without it"
+    if mismatches := box_mismatches(ttgir):
+        return f"{mismatches} TMA copies into a buffer of another shape than their box"
+    return None
+
+
+def main(argv: list[str]) -> int:
     print(f"triton {triton.__version__}, target sm_90")
+    if "--check" in argv:
+        faults = {d: check(d, cfg) for d, cfg in sorted(CUDA_CONFIGS.items())}
+        for d, fault in faults.items():
+            print(f"d{d} {CUDA_CONFIGS[d]}: {fault or 'ok'}", flush=True)
+        return 1 if any(faults.values()) else 0
     for head_dim, configs in sorted(CANDIDATE_CONFIGS.items(), reverse=True):
         for cfg in configs:
             try:
-                report = compile_config(head_dim, cfg)
+                line = report(compile_config(head_dim, cfg))
             except Exception as e:  # noqa: BLE001 - a configuration the compiler refuses
-                report = f"{type(e).__name__}: {str(e)[:120]}"
-            print(f"d{head_dim} {cfg}: {report}", flush=True)
+                line = f"{type(e).__name__}: {str(e)[:120]}"
+            print(f"d{head_dim} {cfg}: {line}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv))
