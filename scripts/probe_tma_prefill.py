@@ -3,7 +3,8 @@ bf16 sequences of the given lengths (several lengths leave some programs with no
 engine's mixed steps do), checked against SDPA. It says when the launch returned (the compile is
 done; the kernel is queued) and when the GPU finished, so a hang shows which of the two never
 came. A hung kernel never gives control back: run each configuration in its own process under
-`timeout` (scripts/device_tma_probe.sh does, in parallel, then times those that returned).
+`timeout` (scripts/device_tma_probe.sh does, all at once; with TIME=1 it then times, one at a
+time, those that came back right).
 
     ENGINE_KERNELS_TMA_PREFILL=1 timeout 60 python3 scripts/probe_tma_prefill.py \
         128 128 128 4 2 1 --lens 512,100 [--time]
