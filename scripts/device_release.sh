@@ -27,7 +27,7 @@ STEPS="${STEPS:-tma_probe kernel_tests prefill throughput conformance gpu_check 
 } 2>&1 | tee -a "$LOG"
 
 step() {  # step NAME SECONDS CMD...: runs CMD under a time limit, appends its log, shows its tail
-  local name=$1 limit=$2 start=$SECONDS status
+  local name=$1 limit=$2 start=$SECONDS
   shift 2
   if [ -n "${DEADLINE:-}" ]; then
     limit=$(( limit < DEADLINE - SECONDS ? limit : DEADLINE - SECONDS ))
@@ -35,10 +35,9 @@ step() {  # step NAME SECONDS CMD...: runs CMD under a time limit, appends its l
   fi
   echo "== $name: $*" >> "$LOG"
   timeout "$limit" "$@" > "/tmp/$name.log" 2>&1
-  status=$?
-  STATUS=$status
+  STATUS=$?  # global: tma_probe's caller reads it
   grep -v "Processed prompts" "/tmp/$name.log" >> "$LOG"
-  echo "== $name: exit $status in $((SECONDS - start)) s" | tee -a "$LOG"
+  echo "== $name: exit $STATUS in $((SECONDS - start)) s" | tee -a "$LOG"
   grep -v "Processed prompts" "/tmp/$name.log" | grep -v "^\s*$" | tail -n "${TAIL:-8}"
 }
 

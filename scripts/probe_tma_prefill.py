@@ -82,8 +82,7 @@ def main() -> None:
     if os.environ.get(TMA_PREFILL_OPT_IN) != "1":
         sys.exit(f"set {TMA_PREFILL_OPT_IN}=1: the kernel is opt-in on CUDA")
     head_dim, block_m, block_n, warps, stages, ws = args.config
-    cfg = {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages,
-           "warp_specialize": ws}  # fmt: skip
+    cfg = tma._cfg(block_m, block_n, warps, stages, ws)
     name = f"d{head_dim} {block_m}x{block_n} w{warps} s{stages} ws{ws}"
     print(f"{name} lens {args.lens}:", flush=True)
     err = check(head_dim, cfg, [int(n) for n in args.lens.split(",")])
