@@ -74,8 +74,10 @@ def timed(head_dim: int, cfg: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", type=int, nargs=6,
-                        metavar="HEAD_DIM BLOCK_M BLOCK_N WARPS STAGES WS")  # fmt: skip
+    parser.add_argument(
+        "config", type=int, nargs=6, metavar="N",
+        help="head_dim block_m block_n warps stages ws (1: warp-specialised)",
+    )  # fmt: skip
     parser.add_argument("--lens", default="512", help="comma-separated sequence lengths")
     parser.add_argument("--time", action="store_true")
     args = parser.parse_args()
