@@ -43,8 +43,8 @@ def _norm_rope_heads(
 def _qk_norm_rope_store_kernel(
     qkv_ptr, pos_ptr, cache_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
     q_norm_ptr, k_norm_ptr,
-    stride_qkv, stride_cache, stride_q_out, stride_kc_blk, stride_kc_tok,
-    stride_vc_blk, stride_vc_tok,
+    stride_qkv, stride_cache, stride_q_out, stride_kc_blk, stride_kc_tok, stride_kc_h,
+    stride_vc_blk, stride_vc_tok, stride_vc_h,
     n_heads, n_kv_heads, page_size, eps,
     HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
     KEEP_K: tl.constexpr,
@@ -74,14 +74,16 @@ def _qk_norm_rope_store_kernel(
         kv_mask = (hk < n_kv_heads)[:, None]
         blk, off = slot // page_size, slot % page_size
         head_off = hk[:, None] * head_dim + offs[None, :]
-        k_dst = k_cache_ptr + blk * stride_kc_blk + off * stride_kc_tok + head_off
+        k_dst = k_cache_ptr + blk * stride_kc_blk + off * stride_kc_tok
+        k_dst += hk[:, None] * stride_kc_h + offs[None, :]
         tl.store(k_dst, k1.to(k_cache_ptr.dtype.element_ty), mask=kv_mask)
         tl.store(k_dst + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=kv_mask)
         if KEEP_K:  # the stored keys, for a reader of contiguous rows (the TMA prefill)
             tl.store(k_row + head_off, k1.to(k_cache_ptr.dtype.element_ty), mask=kv_mask)
             tl.store(k_row + head_off + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=kv_mask)
         v_src = k_row + n_kv_heads * head_dim + head_off
-        v_dst = v_cache_ptr + blk * stride_vc_blk + off * stride_vc_tok + head_off
+        v_dst = v_cache_ptr + blk * stride_vc_blk + off * stride_vc_tok
+        v_dst += hk[:, None] * stride_vc_h + offs[None, :]
         tl.store(v_dst, tl.load(v_src, mask=kv_mask), mask=kv_mask)
         tl.store(v_dst + HALF, tl.load(v_src + HALF, mask=kv_mask), mask=kv_mask)
 
@@ -110,15 +112,15 @@ def qk_norm_rope_store(
     half = head_dim // 2
     assert half == triton.next_power_of_2(half), "head_dim must be a power of two"
     assert qkv.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
-    # The cache's heads of one token must be contiguous, as the model allocates them.
-    assert k_cache.stride()[2:] == (head_dim, 1) and v_cache.stride()[2:] == (head_dim, 1)
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     has_norm = q_norm_weight is not None
     assert has_norm == (k_norm_weight is not None)
     _qk_norm_rope_store_kernel[(tokens,)](
         qkv, positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache,
         q_norm_weight if has_norm else qkv, k_norm_weight if has_norm else qkv,
         qkv.stride(0), cos_sin_cache.stride(0), q_out.stride(0),
-        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         num_heads, num_kv_heads, k_cache.shape[1], eps,
         HAS_NORM=has_norm, HALF=half,
         BLOCK_HQ=triton.next_power_of_2(num_heads), BLOCK_HK=triton.next_power_of_2(num_kv_heads),

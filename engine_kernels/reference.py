@@ -389,8 +389,9 @@ def new_kv_cache(
 ) -> torch.Tensor:
     """A zeroed cache for one layer's K or V, ``[num_blocks, block_size, KVH, D]``; on the CPU a
     view of a head-major tensor, so that each head's context gathers into a contiguous matrix
-    (see ``_gather``). Zeroed, not empty: stale NaNs in padding would leak through masked
-    attention."""
+    (see ``_gather``). On CUDA contiguous: head-major was no faster for the decode kernels there
+    (docs/performance.md, 2026-12-06), which read each page through its strides either way.
+    Zeroed, not empty: stale NaNs in padding would leak through masked attention."""
     device = torch.device(device)
     if device.type != "cpu":
         return torch.zeros(num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)

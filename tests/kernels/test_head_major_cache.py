@@ -1,5 +1,6 @@
 """The CPU's head-major KV cache (``new_kv_cache``) against the contiguous layout: the same
-contents give the same stores and the same attention, bit for bit, through the references."""
+contents give the same stores and the same attention, bit for bit, through the references and
+through the Triton kernels (which take any cache layout through its strides)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import pytest
 import torch
 
 from engine_kernels import reference
+from engine_kernels.decode_split import DecodePlan, plan_workspace_numel
 from tests.kernels.helpers import paged_kv_cache
 
 
 def head_major(cache: torch.Tensor) -> torch.Tensor:
-    out = reference.new_kv_cache(*cache.shape, dtype=cache.dtype, device="cpu")
-    out.copy_(cache)
-    return out
+    """The same contents in the CPU engine's layout (what ``new_kv_cache`` makes on the CPU), on
+    the cache's device."""
+    blocks, page, kv_heads, dim = cache.shape
+    out = torch.empty(blocks, kv_heads, page, dim, dtype=cache.dtype, device=cache.device)
+    return out.transpose(1, 2).copy_(cache)
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2, 3])
@@ -75,3 +79,47 @@ def test_a_decode_batch_of_short_and_long_contexts_cut_in_two() -> None:
         vb = v.flatten(0, 1)[ctx].repeat_interleave(2, dim=1)
         p = torch.softmax(torch.einsum("hd,nhd->hn", q[b] * 0.125, kb), dim=-1)
         torch.testing.assert_close(got[b], torch.einsum("hn,nhd->hd", p, vb))
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (16, 8)])
+def test_triton_kernels_on_a_head_major_cache(tops, dtype, device, heads, kv_heads) -> None:
+    """The store, the decode (split and planned) and the prefill kernels read and write a
+    head-major cache through its strides: the same results as on the contiguous one, bit for
+    bit (the arithmetic is the same, only the addresses differ)."""
+    from tests.kernels.test_rotary import cos_sin_cache
+
+    dim, page, lens = 64, 16, [1, 17, 16, 33, 0, 50, 130]
+    k, v, tables = paged_kv_cache(lens, kv_heads, dim, page, dtype, device)
+    k_hm, v_hm = head_major(k), head_major(v)
+    assert not k_hm.is_contiguous()
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+
+    tokens = 9
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, dtype=dtype, device=device)
+    positions = torch.randint(0, 256, (tokens,), device=device)
+    slots = torch.randperm(k.shape[0] * page, device=device)[:tokens]
+    rope = cos_sin_cache(256, dim, device)
+    q1 = tops.qk_norm_rope_store(qkv, positions, rope, k, v, slots, heads, kv_heads)
+    q2 = tops.qk_norm_rope_store(qkv, positions, rope, k_hm, v_hm, slots, heads, kv_heads)
+    assert torch.equal(q1, q2) and torch.equal(k_hm, k) and torch.equal(v_hm, v)
+
+    q = torch.randn(len(lens), heads, dim, dtype=dtype, device=device)
+    for splits in (1, 3):
+        want = tops.paged_attention_decode(q, k, v, tables, seq_lens, 0.125, num_splits=splits)
+        got = tops.paged_attention_decode(q, k_hm, v_hm, tables, seq_lens, 0.125, num_splits=splits)
+        assert torch.equal(got, want), f"split decode, {splits} splits"
+    plan = DecodePlan(len(lens), 5, device)
+    plan.fill(lens)
+    plan.device.copy_(plan.host)
+    ws = torch.empty(plan_workspace_numel(plan.max_items, heads, dim), device=device)
+    want = tops.paged_attention_decode(q, k, v, tables, seq_lens, 0.125, plan=plan, workspace=ws)
+    got = tops.paged_attention_decode(q, k_hm, v_hm, tables, seq_lens, 0.125, plan=plan,
+                                      workspace=ws)  # fmt: skip
+    assert torch.equal(got, want), "planned decode"
+
+    q_lens = [min(n, 5) for n in lens]
+    qsl = torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32)
+    q = torch.randn(sum(q_lens), heads, dim, dtype=dtype, device=device)
+    want = tops.paged_attention_prefill(q, k, v, tables, seq_lens, qsl, 0.125)
+    got = tops.paged_attention_prefill(q, k_hm, v_hm, tables, seq_lens, qsl, 0.125)
+    assert torch.equal(got, want), "prefill"
