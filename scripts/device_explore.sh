@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# On the lent H200 (device tool), issue 19's exploration call: the decode kernel tests on CUDA,
-# the decode attention variants on the workload's steps, the decode GEMMs (cuBLAS against
-# Triton), then the engine end to end with the new defaults (and a profile) and with the old
-# decode. Logs land in $OUT; STEPS picks a subset (default: all, in that order).
+# On the lent GPU (device tool), an exploration call for the engine's GPU time: the decode and
+# cache-layout kernel tests on CUDA; the decode attention variants on the workload's steps in
+# CUDA graphs (scripts/diag_decode_workload.py), also over 28 layers' caches and with each
+# sequence's pages in one run; what each kind of kernel costs inside the engine
+# (scripts/diag_engine_ablation.py); the engine end to end (`LLM` only) once per planned-kernel
+# option in E2E (REFERENCE_ENGINE_DECODE_CONFIG), each in a fresh process. The TMA prefill
+# kernel is opted in, as the release check does once its probe passes. Logs land in $OUT; STEPS
+# picks a subset.
 set -uo pipefail
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+export ENGINE_KERNELS_TMA_PREFILL=${ENGINE_KERNELS_TMA_PREFILL:-1}
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-STEPS=${STEPS:-tests,decode,e2e,gemm,e2e_old}
+STEPS=${STEPS:-decode,decode28,decodeseq,ablation,tests}
+# name|decode config, one end-to-end run each
+E2E=${E2E:-"default|{}"}
 
 step() {  # step NAME SECONDS CMD...: runs CMD under a time limit, logs it, shows its tail
   local name=$1 limit=$2 start=$SECONDS
@@ -20,12 +27,23 @@ step() {  # step NAME SECONDS CMD...: runs CMD under a time limit, logs it, show
 
 for s in ${STEPS//,/ }; do
   case $s in
-    tests) TAIL=3 step tests 150 python3 -m pytest -q -x -p no:cacheprovider \
-      tests/kernels/test_paged_attention.py -k decode ;;
-    decode) TAIL=3 step decode 170 python3 scripts/diag_decode_workload.py ;;
-    e2e) TAIL=40 step e2e 200 python3 -m benchmarks.gpu_throughput --engines llm,profile-full ;;
-    gemm) TAIL=40 step gemm 150 python3 scripts/diag_decode_gemm.py ;;
-    e2e_old) TAIL=6 REFERENCE_ENGINE_DECODE_CONFIG='{"fused": 0}' step e2e_old 100 \
-      python3 -m benchmarks.gpu_throughput --engines llm ;;
+    tests) TAIL=3 step tests 150 python3 -m pytest -q -x -p no:cacheprovider -n 8 \
+      tests/kernels/test_paged_attention.py tests/kernels/test_head_major_cache.py \
+      tests/kernels/test_qk_norm_rope_store.py -k "decode or head_major or matches" ;;
+    decode) TAIL=3 step decode 200 python3 scripts/diag_decode_workload.py ;;
+    decode28) TAIL=3 step decode28 200 python3 scripts/diag_decode_workload.py --caches 28 \
+      --variants "token 4/SM" ;;
+    decodeseq) TAIL=3 step decodeseq 200 python3 scripts/diag_decode_workload.py \
+      --pages sequential --variants "token 4/SM" ;;
+    ablation) TAIL=10 step ablation 300 python3 scripts/diag_engine_ablation.py none \
+      decode_attention prefill_attention linear lm_head ;;
+    e2e)
+      i=0
+      while IFS='|' read -r name config; do
+        i=$((i + 1))
+        echo "-- e2e $i: $name (REFERENCE_ENGINE_DECODE_CONFIG='$config')"
+        TAIL=4 REFERENCE_ENGINE_DECODE_CONFIG=$config \
+          step "e2e_$i" 120 python3 -m benchmarks.gpu_throughput --engines llm
+      done <<< "$E2E" ;;
   esac
 done

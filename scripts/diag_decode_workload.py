@@ -1,15 +1,25 @@
 """The decode attention on the throughput benchmark's own steps (benchmarks/gpu_throughput.py):
 for every 32nd decode step of the workload, the live batch and its context lengths, the time of
-one layer's decode attention per variant, and the sum over the run (x 28 layers, each sampled
-step standing for 32). Shows where the kernel loses bandwidth: full batches or the drained tail.
+the step's decode attention per variant, and the sum over the run (each sampled step standing
+for 32). Shows where a variant loses bandwidth: full batches or the drained tail.
 
-    python scripts/diag_decode_workload.py [--every 32]
+Timed as the engine runs it: one CUDA graph per step and variant holds the 28 layers' attention
+launches (attention + reduction), over ``--caches`` layers' caches in turn (4: no layer finds
+the previous one's context in L2; 28: every layer its own, as in the engine, whose KV cache
+spans tens of GB); the graph's replay time (median of 5) is the step's. ``--pages random``
+places each page at random, ``sequential`` gives each sequence a contiguous run. A variant is a
+KV cache layout (``token``: ``[blocks, page, KVH, D]`` contiguous, the engine's on CUDA;
+``head``: head-major, its layout on the CPU) and a plan (programs per SM, launch overrides).
+
+    python scripts/diag_decode_workload.py [--every 32] [--caches 4] [--pages random]
+        [--variants NAME ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 
 import torch
 import triton.testing
@@ -20,10 +30,50 @@ from engine_kernels.decode_split import DecodePlan, plan_workspace_numel
 
 H, KVH, D, PAGE, LAYERS, WIDTH = 16, 8, 128, 16, 28, 256
 
+# name -> (layout, programs per SM, plan config)
+VARIANTS = {
+    "token 4/SM": ("token", 4, {}),  # the engine's default on CUDA
+    "head 4/SM": ("head", 4, {}),
+    "token 3/SM": ("token", 3, {}),
+    "token 4/SM 32-token tiles": ("token", 4, {"block_n": 32}),
+}
+
+
+def graph_ms(fn, replays: int = 5) -> float:
+    """Median replay time of a CUDA graph of ``fn`` (compiled and warmed first)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def run_layers(caches, q, tables, seq_lens, plan, workspace, out) -> None:
+    """One step's decode attention: ``LAYERS`` launches, over the layers' caches in turn."""
+    for layer in range(LAYERS):
+        kc, vc = caches[layer % len(caches)]
+        tops.paged_attention_decode(q, kc, vc, tables, seq_lens, 0.088, plan=plan,
+                                    workspace=workspace, out=out)  # fmt: skip
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--every", type=int, default=32)
+    ap.add_argument("--caches", type=int, default=4, help="distinct layers' caches (<= 28)")
+    ap.add_argument("--pages", choices=["random", "sequential"], default="random")
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     args = ap.parse_args()
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -31,32 +81,33 @@ def main() -> None:
     plens = [len(p) for p in prompts]
     most = max(sum(p + t for p, o in zip(plens, outs) if o > t) for t in range(max(outs)))
     nb = -(-most // PAGE) + 256 * 2
-    kc = torch.randn(nb, PAGE, KVH, D, dtype=torch.bfloat16, device=dev)
-    vc = torch.randn_like(kc)
+    layouts = {VARIANTS[name][0] for name in args.variants}
+    caches = {"token": [], "head": []}
+    for _ in range(args.caches):
+        kc = torch.randn(nb, PAGE, KVH, D, dtype=torch.bfloat16, device=dev)
+        vc = torch.randn_like(kc)
+        if "head" in layouts:
+            head = [torch.empty(nb, KVH, PAGE, D, dtype=kc.dtype, device=dev).transpose(1, 2)
+                    for _ in range(2)]  # fmt: skip
+            head[0].copy_(kc)
+            head[1].copy_(vc)
+            caches["head"].append(tuple(head))
+        if "token" in layouts:
+            caches["token"].append((kc, vc))
     buf = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
     copy_ms = triton.testing.do_bench(functools.partial(buf[1 << 29 :].copy_, buf[: 1 << 29]))
     bandwidth = 2 * (1 << 29) / copy_ms / 1e6  # GB/s, bytes read + written
     del buf
-    # name -> (programs per SM, or None for the split decode; config overrides)
-    variants = {
-        "planned 4/SM unfused 64/4w/2st (old default)": (4, {"fused": 0}),
-        "fused 4/SM 64/4w/2st": (4, {}),
-        "fused 3/SM 64/4w/2st": (3, {}),
-        "fused 3/SM 64/4w/3st": (3, {"num_stages": 3}),
-        "fused 4/SM 32/4w/3st": (4, {"block_n": 32, "num_stages": 3}),
-        "fused 4/SM 32/4w/2st": (4, {"block_n": 32}),
-        "fused 8/SM 32/4w/3st": (8, {"block_n": 32, "num_stages": 3}),
-        "fused 2/SM 64/8w/3st": (2, {"num_warps": 8, "num_stages": 3}),
-        "unfused 3/SM 64/4w/3st": (3, {"fused": 0, "num_stages": 3}),
-        "split (default)": (None, {}),
-    }
-    per_sm = sorted({v[0] for v in variants.values() if v[0] is not None})
-    plans = {k: DecodePlan(256, k * sms // KVH, dev) for k in per_sm}
-    wss = {k: torch.empty(plan_workspace_numel(p.max_items, H, D), device=dev)
-           for k, p in plans.items()}  # fmt: skip
-    names = list(variants)
-    print(f"copy {bandwidth:,.0f} GB/s; {nb} blocks; times: one layer, do_bench median (cold L2)")
-    print("| step | live | tokens | MB | " + " | ".join(f"{n} us (% copy)" for n in names) + " |")
+    names = args.variants
+    plans, wss = {}, {}
+    for name in names:
+        _, per_sm, config = VARIANTS[name]
+        plans[name] = DecodePlan(256, per_sm * sms // KVH, dev, dict(config))
+        wss[name] = torch.empty(plan_workspace_numel(plans[name].max_items, H, D), device=dev)
+    print(f"{torch.cuda.get_device_name(dev)}; copy {bandwidth:,.0f} GB/s; {nb} blocks x "
+          f"{args.caches} layers' caches, {args.pages} pages; one step's {LAYERS} layers in a "
+          "CUDA graph")  # fmt: skip
+    print("| step | live | tokens | GB | " + " | ".join(f"{n} ms (% copy)" for n in names) + " |")
     print("|---:|---:|---:|---:|" + "---:|" * len(names))
     totals = dict.fromkeys(names, 0.0)
     ideal = 0.0
@@ -64,37 +115,35 @@ def main() -> None:
         lens = [p + t + 1 for p, o in zip(plens, outs) if o > t]
         n = len(lens)
         need = torch.tensor([-(-x // PAGE) for x in lens], device=dev)
-        perm = torch.zeros(n, WIDTH, dtype=torch.int32, device=dev)  # pages in random order
+        perm = torch.zeros(n, WIDTH, dtype=torch.int32, device=dev)
         used = torch.arange(WIDTH, device=dev)[None, :] < need[:, None]
-        perm[used] = torch.randperm(nb, device=dev)[: int(need.sum())].to(torch.int32)
+        order = torch.randperm(nb, device=dev) if args.pages == "random" else torch.arange(nb)
+        perm[used] = order[: int(need.sum())].to(device=dev, dtype=torch.int32)
         seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
         q = torch.randn(n, H, D, dtype=torch.bfloat16, device=dev)
-        nbytes = sum(lens) * KVH * D * 2 * 2
+        out = torch.empty_like(q)
+        nbytes = sum(lens) * KVH * D * 2 * 2 * LAYERS
+        ref = None
         cells = []
         for name in names:
-            plan_name, config = variants[name]
-            kwargs = {}
-            if plan_name is not None:
-                plan = plans[plan_name]
-                plan.fill(lens)
-                plan.device.copy_(plan.host)
-                kwargs = {"plan": plan, "workspace": wss[plan_name], "config": config}
-            elif config:
-                kwargs = {"config": config}
-            fn = functools.partial(
-                tops.paged_attention_decode, q, kc, vc, perm, seq_lens, 0.088, **kwargs
-            )
-            if name == names[0]:
-                ref = fn().float()
-            err = ((fn().float() - ref).norm() / ref.norm()).item()
+            layout = VARIANTS[name][0]
+            plan = plans[name]
+            plan.fill(lens)
+            plan.device.copy_(plan.host)
+
+            ms = graph_ms(functools.partial(
+                run_layers, caches[layout], q, perm, seq_lens, plan, wss[name], out
+            ))  # fmt: skip
+            got = out.float()
+            ref = got if ref is None else ref
+            err = ((got - ref).norm() / ref.norm()).item()
             assert err < 1e-2, (name, t, err)
-            ms = triton.testing.do_bench(fn, return_mode="median")
-            totals[name] += ms * args.every * LAYERS / 1e3
-            cells.append(f"{ms * 1e3:.0f} ({nbytes / ms / 1e6 / bandwidth:.0%})")
-        ideal += nbytes / (bandwidth * 1e9) * args.every * LAYERS
-        print(f"| {t} | {n} | {sum(lens)} | {nbytes / 1e6:.0f} | " + " | ".join(cells) + " |",
+            totals[name] += ms * args.every / 1e3
+            cells.append(f"{ms:.2f} ({nbytes / ms / 1e6 / bandwidth:.0%})")
+        ideal += nbytes / (bandwidth * 1e9) * args.every
+        print(f"| {t} | {n} | {sum(lens)} | {nbytes / 1e9:.1f} | " + " | ".join(cells) + " |",
               flush=True)  # fmt: skip
-    print(f"\nrun estimate (28 layers): at copy bandwidth {ideal:.2f} s; "
+    print(f"\nrun estimate: at copy bandwidth {ideal:.2f} s; "
           + "; ".join(f"{k} {v:.2f} s ({ideal / v:.0%})" for k, v in totals.items()))  # fmt: skip
 
 
