@@ -63,6 +63,13 @@ class ModelRunner:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.device = config.device
+        # A mixed step's one-token rows (decodes, a prompt's last token) go first and their
+        # attention runs in the decode kernel (ForwardContext.num_decode_rows): on CUDA the
+        # prefill kernel would give each of them a 128-row query tile, and its grid spans the
+        # step's longest query for every row; in the throughput benchmark's ~20 mixed steps that
+        # cost 0.36 s on an H100 (docs/performance.md, 2026-12-06). The CPU's reference
+        # attention has no such tiles.
+        self.split_one_token_rows = self.device.type == "cuda"
         self.host_wait_s = 0.0  # time the host spent waiting for the GPU to finish a step
         self.block_size = config.block_size
         torch.manual_seed(config.seed)
@@ -143,7 +150,10 @@ class ModelRunner:
         logits_rows, sampled_reqs = [], []
         bs = self.block_size
         end = 0  # query_start_loc of the next request
-        for req in sched.requests:
+        reqs = sched.requests
+        if self.split_one_token_rows:  # one-token rows first (a stable sort)
+            reqs = sorted(reqs, key=lambda r: sched.num_scheduled_tokens[r.request_id] != 1)
+        for req in reqs:
             n = sched.num_scheduled_tokens[req.request_id]
             start = req.num_computed_tokens
             input_ids.extend(req.all_token_ids[start : start + n])
@@ -175,6 +185,7 @@ class ModelRunner:
             ids = np.asarray(input_ids, dtype=np.int64)
             hidden = self._run_graph(ids, positions, slots, seq_lens, table)
         else:
+            ones = int(np.argmax(n_arr != 1)) if self.split_one_token_rows and not is_decode else 0
             ctx = ForwardContext(
                 slot_mapping=_to_device(slots, torch.int64, self.device),
                 block_tables=_to_device(table, torch.int32, self.device),
@@ -185,6 +196,10 @@ class ModelRunner:
                 is_decode=is_decode,
                 max_query_len=int(n_arr.max()),
                 max_seq_len=int(seq_lens.max()),
+                num_decode_rows=ones,
+                prefill_query_start_loc=None if ones == 0 else _to_device(
+                    (query_start_loc[ones:] - ones).astype(np.int32), torch.int32, self.device
+                ),
             )
             hidden = self.model(
                 _to_device(input_ids, torch.int64, self.device),

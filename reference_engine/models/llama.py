@@ -30,6 +30,11 @@ class ForwardContext:
     max_seq_len: int = 0
     decode_plan: Any = None  # an engine_kernels.decode_split.DecodePlan for the decode kernel
     decode_workspace: torch.Tensor | None = None
+    # A mixed step whose first rows have one new token each: their attention runs in the decode
+    # kernel, the other rows' in the prefill kernel with these query starts (from row
+    # ``num_decode_rows`` on, relative to it).
+    num_decode_rows: int = 0
+    prefill_query_start_loc: torch.Tensor | None = None
 
 
 class RMSNorm(nn.Module):
@@ -88,19 +93,23 @@ class Attention(nn.Module):
                 plan=ctx.decode_plan, workspace=ctx.decode_workspace,
             )  # fmt: skip
         else:
-            o = ops.paged_attention_prefill(
-                q,
-                k_cache,
-                v_cache,
-                ctx.block_tables,
-                ctx.seq_lens,
-                ctx.query_start_loc,
-                self.scale,
-                max_query_len=ctx.max_query_len,
-                # The keys and values just stored, as contiguous rows (TMA reads them on Hopper).
-                k_new=qkv[:, self.q_size : self.q_size + self.kv_size].view(n, -1, self.head_dim),
-                v_new=qkv[:, self.q_size + self.kv_size :].view(n, -1, self.head_dim),
-            )
+            d = ctx.num_decode_rows
+            # The keys and values just stored, as contiguous rows (TMA reads them on Hopper).
+            k_new = qkv[d:, self.q_size : self.q_size + self.kv_size].view(n - d, -1, self.head_dim)
+            v_new = qkv[d:, self.q_size + self.kv_size :].view(n - d, -1, self.head_dim)
+            o = None if d == 0 else torch.empty_like(q)
+            if d:
+                ops.paged_attention_decode(
+                    q[:d], k_cache, v_cache, ctx.block_tables[:d], ctx.seq_lens[:d], self.scale,
+                    out=o[:d],
+                )  # fmt: skip
+            prefill = ops.paged_attention_prefill(
+                q[d:], k_cache, v_cache, ctx.block_tables[d:], ctx.seq_lens[d:],
+                ctx.prefill_query_start_loc if d else ctx.query_start_loc, self.scale,
+                max_query_len=ctx.max_query_len, out=None if o is None else o[d:],
+                k_new=k_new, v_new=v_new,
+            )  # fmt: skip
+            o = prefill if o is None else o
         return self.o_proj(o.reshape(n, self.q_size))
 
 

@@ -52,6 +52,32 @@ def test_greedy_equals_hf_with_chunking_prefix_hits_and_preemption(
     assert_idle(llm)
 
 
+def test_one_token_rows_of_mixed_steps_in_the_decode_kernel_equal_hf(hf_greedy):
+    """The split CUDA takes by default (``ModelRunner.split_one_token_rows``), forced on the CPU:
+    a mixed step's one-token rows go first and attend through the decode kernel, the rest
+    through the prefill kernel. Catches a split that misroutes rows, their query starts, or
+    their outputs (the tokens would differ from HF's)."""
+    name = "tiny-llama"
+    llm = LLM(str(model_path(name)), num_kv_blocks=64, max_num_batched_tokens=64, max_num_seqs=8)
+    runner = llm.llm_engine.model_runner
+    runner.split_one_token_rows = True
+    split_steps = []
+    forward = runner.model.forward
+
+    def spy(input_ids, positions, ctx, kv_caches):
+        if ctx.num_decode_rows and not ctx.is_decode:
+            split_steps.append(ctx.num_decode_rows)
+        return forward(input_ids, positions, ctx, kv_caches)
+
+    runner.model.forward = spy
+    prompts = load_prompts("short")[:4] + load_prompts("long")[:2]
+    outs = llm.generate(prompts, greedy(), use_tqdm=False)
+    for o in outs:
+        assert o.outputs[0].token_ids == hf_greedy(name, o.prompt_token_ids, N), o.prompt
+    assert split_steps, "construction: long prompts chunked while short ones decode"
+    assert_idle(llm)
+
+
 @pytest.fixture(scope="module")
 def llm() -> LLM:
     return LLM(str(model_path()), num_kv_blocks=256, max_num_seqs=16)
