@@ -11,7 +11,10 @@
 # opted in), then the CUDA kernel tests, the prefill rows, the throughput, the conformance suite,
 # gpu_check, the decode rows and the profile. A second call on the still-warm machine reuses the
 # Triton cache the first one filled. DEADLINE (seconds) shortens the steps' limits so that the
-# last one ends before the device call's own limit. SWEEP=1 also times every candidate prefill
+# last one ends before the device call's own limit. Two steps run only when named: ablation
+# (scripts/diag_engine_ablation.py, what each kind of kernel costs inside the engine) and
+# decode_steps (scripts/diag_decode_workload.py, the decode attention on the workload's steps in
+# CUDA graphs). SWEEP=1 also times every candidate prefill
 # configuration (the row's default among them). A step that hangs is cut at its limit
 # (2026-12-05: every bf16 step that ran the first TMA prefill kernel).
 set -uo pipefail
@@ -52,6 +55,9 @@ for name in $STEPS; do
     gpu_check) TAIL=8 step gpu_check 200 python3 -m benchmarks.gpu_check ;;
     conformance) TAIL=4 step conformance 120 bash scripts/device_conformance.sh -x ;;
     profile) TAIL=40 step profile 150 python3 -m benchmarks.gpu_throughput --engines profile-full ;;
+    ablation) TAIL=8 step ablation 200 python3 scripts/diag_engine_ablation.py none \
+      decode_attention prefill_attention linear lm_head ;;
+    decode_steps) TAIL=3 step decode_steps 150 python3 scripts/diag_decode_workload.py ;;
     tma_probe) TAIL=40 step tma_probe 200 bash scripts/device_tma_probe.sh
       if [ "$STATUS" = 0 ]; then  # its defaults returned right: the steps after it use it
         export ENGINE_KERNELS_TMA_PREFILL=1
