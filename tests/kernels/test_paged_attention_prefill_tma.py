@@ -26,8 +26,11 @@ if ON_GPU:
 
 
 def _cfg(block_m, block_n, num_warps=4, num_stages=1, ws=0):
-    return {"block_m": block_m, "block_n": block_n, "num_warps": num_warps,
-            "num_stages": num_stages, "warp_specialize": ws}  # fmt: skip
+    """The kernel module's configuration, with the interpreter's defaults (imported lazily, as
+    the ``tops`` fixture imports triton)."""
+    from engine_kernels.paged_attention_prefill_tma import _cfg as kernel_cfg
+
+    return kernel_cfg(block_m, block_n, num_warps, num_stages, ws)
 
 
 def _configs(head_dim: int) -> list[dict]:
