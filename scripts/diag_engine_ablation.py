@@ -55,15 +55,13 @@ def _skip(name: str) -> None:
 
 
 def run_one(name: str) -> None:
-    from benchmarks.gpu_throughput import QWEN3_0_6B, run_llm, workload
+    from benchmarks.gpu_throughput import ENGINE_ARGS, QWEN3_0_6B, run_llm, workload
 
     _skip(name)
     prompts, outs = workload(256)
-    engine_args = {"skip_tokenizer_init": True, "load_format": "dummy", "max_num_seqs": 256,
-                   "max_num_batched_tokens": 8192, "max_model_len": 4096}  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "config.json").write_text(json.dumps(QWEN3_0_6B))
-        seconds, tokens = run_llm(folder, prompts, outs, engine_args)
+        seconds, tokens = run_llm(folder, prompts, outs, dict(ENGINE_ARGS))
     print(json.dumps({"ablation": name, "seconds": seconds, "tokens": tokens}), flush=True)
 
 
