@@ -6,9 +6,14 @@ import torch
 import triton
 import triton.language as tl
 
+from engine_kernels.pdl import pdl_launch, wait_for_prior_kernel
+
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, d, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(
+    x_ptr, out_ptr, stride_x, stride_out, d, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    wait_for_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -30,6 +35,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(triton.next_power_of_2(d), 2048)
     _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](
-        x2, out.view(-1, d), x2.stride(0), d, d, BLOCK=block, num_warps=min(max(block // 256, 1), 8)
+        x2,
+        out.view(-1, d),
+        x2.stride(0),
+        d,
+        d,
+        BLOCK=block,
+        num_warps=min(max(block // 256, 1), 8),
+        **pdl_launch(out),
     )
     return out

@@ -90,6 +90,23 @@ def fused_add_rms_norm(
     return _backend(x).fused_add_rms_norm(x, residual, weight, eps)
 
 
+def projection_add_rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    *,
+    silu_gate: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    backend = _backend(x)
+    if backend is reference:
+        return reference.projection_add_rms_norm(x, weight, residual, norm_weight, eps, silu_gate)
+    return backend.projection_add_rms_norm(
+        x, weight, residual, norm_weight, eps, silu_gate=silu_gate
+    )
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _backend(x).silu_and_mul(x)
 
@@ -195,6 +212,7 @@ __all__ = [
     "paged_attention_decode",
     "paged_attention_prefill",
     "plan_workspace_numel",
+    "projection_add_rms_norm",
     "rms_norm",
     "rotary_embedding",
     "silu_and_mul",

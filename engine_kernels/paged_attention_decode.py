@@ -21,6 +21,7 @@ from engine_kernels.decode_split import (
     default_num_splits,
     plan_workspace_numel,
 )
+from engine_kernels.pdl import pdl_launch, wait_for_prior_kernel
 
 _LOG2E = 1.4426950408889634
 
@@ -183,7 +184,7 @@ def _decode_planned_kernel(
     seq_lens_ptr,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, UNIT: tl.constexpr, BLOCK_H: tl.constexpr,
-    FUSED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FUSED: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Program ``(p, kvh)`` runs the items of chunk ``p`` of a ``DecodePlan``: each item is a
     range of one sequence's context; its partial result goes to row ``item`` of the workspace.
@@ -193,6 +194,7 @@ def _decode_planned_kernel(
     atomic), and the one that completes the count merges all of ``b``'s partials and resets
     the counter. Sequences without items (empty, or padding rows up to ``batch``) get zeros.
     Without ``FUSED`` the reduce kernel below does the merge in a second launch."""
+    wait_for_prior_kernel(PDL)
     p = tl.program_id(0)
     kvh = tl.program_id(1)
     first = tl.load(plan_ptr + p)
@@ -248,11 +250,12 @@ def _decode_planned_kernel(
 @triton.jit
 def _decode_planned_reduce_kernel(
     o_ptr, part_o_ptr, part_lse_ptr, plan_ptr, o_seq_start, stride_ob, stride_oh, num_heads,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """The unfused reduction: merges sequence ``b``'s items (rows ``seq_start[b]..seq_start[b +
     1]``) for all its heads; a sequence without items (empty, or a padding row) gets zeros.
     One program per sequence."""
+    wait_for_prior_kernel(PDL)
     b = tl.program_id(0).to(tl.int64)
     first = tl.load(plan_ptr + o_seq_start + b)
     last = tl.load(plan_ptr + o_seq_start + b + 1)
@@ -368,11 +371,11 @@ def _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=cfg["block_n"], UNIT=PLAN_UNIT,
         BLOCK_H=block_h, FUSED=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q),
     )  # fmt: skip
     if not fused:
         _decode_planned_reduce_kernel[(batch,)](
             out, part_o, part_lse, plan.device, o_seq, out.stride(0), out.stride(1), num_heads,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=block_h, num_warps=4,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=block_h, num_warps=4, **pdl_launch(q),
         )  # fmt: skip
     return out

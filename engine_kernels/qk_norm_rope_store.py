@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine_kernels.pdl import pdl_launch, wait_for_prior_kernel
+
 
 @triton.jit
 def _norm_rope_heads(
@@ -47,8 +49,9 @@ def _qk_norm_rope_store_kernel(
     stride_vc_blk, stride_vc_tok, stride_vc_h,
     n_heads, n_kv_heads, page_size, eps,
     HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-    KEEP_K: tl.constexpr,
+    KEEP_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    wait_for_prior_kernel(PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     offs = tl.arange(0, HALF)
@@ -124,6 +127,6 @@ def qk_norm_rope_store(
         num_heads, num_kv_heads, k_cache.shape[1], eps,
         HAS_NORM=has_norm, HALF=half,
         BLOCK_HQ=triton.next_power_of_2(num_heads), BLOCK_HK=triton.next_power_of_2(num_kv_heads),
-        KEEP_K=keep_k, num_warps=4,
+        KEEP_K=keep_k, num_warps=4, **pdl_launch(qkv),
     )  # fmt: skip
     return q_out

@@ -86,6 +86,21 @@ def fused_add_rms_norm(
     return rms_norm(summed, weight, eps), summed
 
 
+def projection_add_rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    silu_gate: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A bias-free projection (of ``silu_and_mul(x)`` with ``silu_gate``) and the residual add +
+    RMSNorm after it: the o and down projections of a decoder layer. Returns what
+    ``fused_add_rms_norm`` returns."""
+    h = silu_and_mul(x) if silu_gate else x
+    return fused_add_rms_norm(F.linear(h, weight), residual, norm_weight, eps)
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` for ``x`` of last dim ``2d``."""
     gate, up = x.chunk(2, dim=-1)

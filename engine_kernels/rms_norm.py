@@ -1,10 +1,16 @@
-"""RMSNorm and fused residual-add + RMSNorm: one program per row, the whole row in registers."""
+"""RMSNorm and fused residual-add + RMSNorm: one program per row, the whole row in registers.
+
+The fused form can also take its ``x`` as fp32 partial sums ``[parts, rows, cols]`` (a split-K
+product's, ``linear_split_k.py``): it adds them in order and rounds to the activation dtype first.
+"""
 
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from engine_kernels.pdl import pdl_launch, wait_for_prior_kernel
 
 
 @triton.jit
@@ -18,15 +24,25 @@ def _rms_norm_kernel(
     stride_res,
     stride_out,
     stride_sum,
+    stride_part,
     n_cols,
     eps,
     HAS_RESIDUAL: tl.constexpr,
+    NUM_PARTS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_prior_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if NUM_PARTS == 0:
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    else:
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for part in tl.static_range(NUM_PARTS):
+            acc += tl.load(x_ptr + part * stride_part + row * stride_x + cols, mask=mask, other=0.0)
+        x = acc.to(sum_ptr.dtype.element_ty)
     if HAS_RESIDUAL:
         res = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
         # The norm reads the sum rounded to the activation dtype, as the reference does.
@@ -47,24 +63,39 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 def _launch(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    n = x.shape[-1]
     x2 = _rows(x)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return _launch_rows(x2, 0, 0, x.shape, x.dtype, residual, weight, eps)
+
+
+def _launch_rows(
+    x2: torch.Tensor,
+    num_parts: int,
+    stride_part: int,
+    shape: torch.Size,
+    dtype: torch.dtype,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    n = shape[-1]
+    out = torch.empty(shape, dtype=dtype, device=x2.device)
     out2 = out.view(-1, n)
     res2 = _rows(residual) if residual is not None else x2
     summed = torch.empty_like(out) if residual is not None else None
     sum2 = summed.view(-1, n) if summed is not None else out2
-    rows = x2.shape[0]
+    rows = out2.shape[0]
     if rows == 0:
         return out, summed
     block = triton.next_power_of_2(n)
     _rms_norm_kernel[(rows,)](
         x2, res2, weight.contiguous(), out2, sum2,
-        x2.stride(0), res2.stride(0), out2.stride(0), sum2.stride(0),
+        x2.stride(0), res2.stride(0), out2.stride(0), sum2.stride(0), stride_part,
         n, eps,
         HAS_RESIDUAL=residual is not None,
+        NUM_PARTS=num_parts,
         BLOCK=block,
         num_warps=min(max(block // 512, 1), 16),
+        **pdl_launch(out),
     )  # fmt: skip
     return out, summed
 
@@ -80,5 +111,20 @@ def fused_add_rms_norm(
     """Triton twin of ``reference.fused_add_rms_norm``: one pass reads ``x`` and ``residual``
     and writes the normed row and the sum."""
     out, summed = _launch(x, residual, weight, eps)
+    assert summed is not None
+    return out, summed
+
+
+def partials_add_rms_norm(
+    parts: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fused_add_rms_norm(parts.sum(0).to(residual.dtype), residual, weight, eps)`` in one
+    pass, for fp32 partial sums ``parts`` of shape ``[num_parts, rows, cols]``."""
+    assert parts.dtype == torch.float32 and parts.is_contiguous(), (parts.dtype, parts.stride())
+    num_parts, rows, n = parts.shape
+    assert residual.shape[-1] == n and residual.numel() == rows * n, (parts.shape, residual.shape)
+    out, summed = _launch_rows(
+        parts[0], num_parts, rows * n, residual.shape, residual.dtype, residual, weight, eps
+    )
     assert summed is not None
     return out, summed

@@ -11,6 +11,7 @@ from engine_kernels.activation import silu_and_mul
 from engine_kernels.decode_split import decode_workspace, decode_workspace_numel, default_num_splits
 from engine_kernels.interpreter_compat import patch_interpreter_index
 from engine_kernels.kv_cache import store_kvcache
+from engine_kernels.linear_split_k import projection_add_rms_norm
 from engine_kernels.paged_attention_decode import paged_attention_decode
 from engine_kernels.paged_attention_prefill import paged_attention_prefill
 from engine_kernels.qk_norm_rope_store import qk_norm_rope_store
@@ -29,6 +30,7 @@ __all__ = [
     "fused_add_rms_norm",
     "paged_attention_decode",
     "paged_attention_prefill",
+    "projection_add_rms_norm",
     "qk_norm_rope_store",
     "rms_norm",
     "rotary_embedding",

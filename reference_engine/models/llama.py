@@ -46,11 +46,21 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.rms_norm(x, self.weight, self.eps)
 
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor):
-        return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
+    def project_add_and_norm(
+        self, x: torch.Tensor, proj: nn.Linear, residual: torch.Tensor, silu_gate: bool = False
+    ):
+        """The norm of ``residual + proj(silu_and_mul(x) if silu_gate else x)``, and that sum, as
+        one op: on CUDA the projection's split-K partials are reduced by the norm kernel."""
+        assert proj.bias is None
+        return ops.projection_add_rms_norm(
+            x, proj.weight, residual, self.weight, self.eps, silu_gate=silu_gate
+        )
 
 
 class Attention(nn.Module):
+    """Attention up to ``o_proj``, which the decoder layer applies, fused with the residual add
+    and norm after it."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
@@ -110,17 +120,17 @@ class Attention(nn.Module):
                 k_new=k_new, v_new=v_new,
             )  # fmt: skip
             o = prefill if o is None else o
-        return self.o_proj(o.reshape(n, self.q_size))
+        return o.reshape(n, self.q_size)
 
 
 class MLP(nn.Module):
+    """``down_proj(silu_and_mul(gate_up_proj(x)))``; the decoder layers apply ``down_proj``, fused
+    with the activation before it and the residual add and norm after it."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -131,14 +141,15 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, positions, x, residual, ctx, kv_cache, rope_cache):
-        if residual is None:
-            x, residual = self.input_layernorm(x), x
-        else:
-            x, residual = self.input_layernorm.add_and_norm(x, residual)
-        x = self.self_attn(positions, x, ctx, kv_cache, rope_cache)
-        x, residual = self.post_attention_layernorm.add_and_norm(x, residual)
-        return self.mlp(x), residual
+    def forward(self, positions, x, residual, ctx, kv_cache, rope_cache, next_norm: RMSNorm):
+        """``x``: this layer's input, already through ``input_layernorm``; returns the next
+        layer's (``next_norm`` applied to the residual stream) and the residual stream."""
+        o = self.self_attn(positions, x, ctx, kv_cache, rope_cache)
+        x, residual = self.post_attention_layernorm.project_add_and_norm(
+            o, self.self_attn.o_proj, residual
+        )
+        gate_up = self.mlp.gate_up_proj(x)
+        return next_norm.project_add_and_norm(gate_up, self.mlp.down_proj, residual, silu_gate=True)
 
 
 class CausalLM(nn.Module):
@@ -170,10 +181,14 @@ class CausalLM(nn.Module):
         # The step's index tensors stay unchanged through the layers: on the CPU, what the
         # kernels derive from them (gather indices, masks, rotary cos/sin) is computed once.
         with reference.step_cache():
-            x, residual = self.embed_tokens(input_ids), None
-            for layer, kv_cache in zip(self.layers, kv_caches):
-                x, residual = layer(positions, x, residual, ctx, kv_cache, self.rope_cache)
-            x, _ = self.norm.add_and_norm(x, residual)
+            residual = self.embed_tokens(input_ids)
+            x = self.layers[0].input_layernorm(residual)
+            # Each layer ends with the next one's input norm (the final norm after the last).
+            next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+            for layer, kv_cache, next_norm in zip(self.layers, kv_caches, next_norms):
+                x, residual = layer(
+                    positions, x, residual, ctx, kv_cache, self.rope_cache, next_norm
+                )
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
