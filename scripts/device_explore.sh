@@ -3,8 +3,10 @@
 # cache-layout kernel tests on CUDA; the decode attention variants on the workload's steps in
 # CUDA graphs (scripts/diag_decode_workload.py), also over 28 layers' caches and with each
 # sequence's pages in one run; what each kind of kernel costs inside the engine
-# (scripts/diag_engine_ablation.py); the engine end to end (`LLM` only) once per planned-kernel
-# option in E2E (REFERENCE_ENGINE_DECODE_CONFIG), each in a fresh process. The TMA prefill
+# (scripts/diag_engine_ablation.py); the split-K o / down projections against cuBLAS, with the
+# best launches written to $OUT/split_k_table.json (scripts/diag_split_k.py); the engine end to
+# end (`LLM` only) once per line of E2E (`name|VAR=value ...`: the environment of that run), each
+# in a fresh process. The TMA prefill
 # kernel is opted in, as the release check does once its probe passes. Logs land in $OUT; STEPS
 # picks a subset.
 set -uo pipefail
@@ -14,8 +16,8 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 STEPS=${STEPS:-decode,decode28,decodeseq,ablation,tests}
-# name|decode config, one end-to-end run each
-E2E=${E2E:-"default|{}"}
+# name|environment assignments (no spaces in a value), one end-to-end run each
+E2E=${E2E:-"default|"}
 
 step() {  # step NAME SECONDS CMD...: runs CMD under a time limit, logs it, shows its tail
   local name=$1 limit=$2 start=$SECONDS
@@ -37,13 +39,20 @@ for s in ${STEPS//,/ }; do
       --pages sequential --variants "token 4/SM" ;;
     ablation) TAIL=10 step ablation 300 python3 scripts/diag_engine_ablation.py none \
       decode_attention prefill_attention linear lm_head ;;
+    splitk_tests) TAIL=3 step splitk_tests 150 python3 -m pytest -q -x -p no:cacheprovider -n 8 \
+      tests/kernels/test_linear_split_k.py tests/kernels/test_norm_activation.py \
+      tests/kernels/test_qk_norm_rope_store.py tests/kernels/test_paged_attention.py ;;
+    gpu_check) TAIL=20 step gpu_check 200 python3 -m benchmarks.gpu_check ;;
+    splitk) TAIL=40 step splitk 330 python3 scripts/diag_split_k.py \
+      --table "$OUT/split_k_table.json" ${SPLIT_K_BATCHES:+--batches "$SPLIT_K_BATCHES"} ;;
     e2e)
       i=0
-      while IFS='|' read -r name config; do
+      while IFS='|' read -r name assignments; do
         i=$((i + 1))
-        echo "-- e2e $i: $name (REFERENCE_ENGINE_DECODE_CONFIG='$config')"
-        TAIL=4 REFERENCE_ENGINE_DECODE_CONFIG=$config \
-          step "e2e_$i" 120 python3 -m benchmarks.gpu_throughput --engines llm
+        assignments=${assignments//\$OUT/$OUT}
+        echo "-- e2e $i: $name ($assignments)"
+        # shellcheck disable=SC2086 # the assignments are words
+        TAIL=4 step "e2e_$i" 120 env $assignments python3 -m benchmarks.gpu_throughput --engines llm
       done <<< "$E2E" ;;
   esac
 done

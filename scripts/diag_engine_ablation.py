@@ -23,7 +23,8 @@ ABLATIONS = {
     "none": "nothing left out",
     "decode_attention": "the decode attention (its output is its query)",
     "prefill_attention": "the prefill attention (its output is its query)",
-    "linear": "every nn.Linear (prefill and decode projections; an empty output)",
+    "linear": "every projection, prefill and decode (an empty output; the o and down ones keep the"
+    " residual add and norm they are fused with)",
     "lm_head": "the LM head (empty logits)",
 }
 
@@ -44,7 +45,13 @@ def _skip(name: str) -> None:
         def empty_linear(self, x):
             return x.new_empty(*x.shape[:-1], self.out_features)
 
+        fused_add_rms_norm = ops.fused_add_rms_norm
+
+        def add_and_norm_only(x, weight, residual, norm_weight, eps, **kwargs):
+            return fused_add_rms_norm(torch.empty_like(residual), residual, norm_weight, eps)
+
         torch.nn.Linear.forward = empty_linear
+        ops.projection_add_rms_norm = add_and_norm_only
     elif name == "lm_head":
         from reference_engine.models.llama import CausalLM
 
