@@ -40,9 +40,10 @@ def test_partials_sum_to_the_product(tops, dtype, device, rows, n, k, cfg, silu_
 
     a = torch.randn(rows, 2 * k if silu_gate else k, dtype=dtype, device=device)
     w = torch.randn(n, k, dtype=dtype, device=device) / k**0.5
-    parts = split_k_partials(a, w, silu_gate=silu_gate, config=_config(cfg))
-    if cfg is not None:
-        assert parts.shape[0] == min(cfg["splits"], -(-k // cfg["block_k"]))
+    config = _config(cfg)
+    parts = split_k_partials(a, w, silu_gate=silu_gate, config=config)
+    if config is not None:
+        assert parts.shape[0] == min(config.splits, -(-k // config.block_k))
     h = reference.silu_and_mul(a) if silu_gate else a
     assert_close(parts.sum(0), h.float() @ w.float().t(), dtype)
 
