@@ -18,6 +18,9 @@ and ignored by the reference:
   copied to the device, with a workspace of ``plan_workspace_numel(plan.max_items, H, D)``:
   the grid is then fixed by the plan's program count and the work is cut from the live
   contexts into equal chunks (what the engine's decode graphs use).
+- ``projection_add_rms_norm(x, weight, residual, norm_weight, eps, *, silu_gate=False)``: a
+  layer's o or down projection with the residual add + RMSNorm after it (and for down the
+  SiLU-and-mul before it), split-K on CUDA where measured faster (``linear_split_k.py``).
 - ``paged_attention_prefill(..., max_query_len=None, out=None, k_new=None, v_new=None)``: pass
   the step's longest query run (the scheduler knows it) to avoid the one host sync that computes
   it; pass the step's new keys and values as ``[tokens, kv_heads, head_dim]`` views (what
