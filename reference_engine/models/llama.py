@@ -142,8 +142,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, positions, x, residual, ctx, kv_cache, rope_cache, next_norm: RMSNorm):
-        """``x``: this layer's input, already through ``input_layernorm``; returns the next
-        layer's (``next_norm`` applied to the residual stream) and the residual stream."""
+        """``x``: this layer's input, already through ``input_layernorm``. Returns the next
+        layer's input (``next_norm`` of the updated residual stream) and that stream."""
         o = self.self_attn(positions, x, ctx, kv_cache, rope_cache)
         x, residual = self.post_attention_layernorm.project_add_and_norm(
             o, self.self_attn.o_proj, residual
