@@ -2,7 +2,8 @@
 
 A background thread owns the engine core (the same ``LLMEngine``, hence the same ``Scheduler``,
 as the offline ``LLM``). The event loop talks to it through a command queue; outputs come back
-to each request's own ``asyncio.Queue`` via ``call_soon_threadsafe``. The engine thread is the
+to each request's own ``asyncio.Queue``, a step's outputs in one ``call_soon_threadsafe`` per
+event loop (one wake-up of the loop per step, not one per request). The engine thread is the
 only one that touches the scheduler, so the scheduler needs no locks; readers of the KV-cache
 state get the snapshot the thread publishes after every step.
 """
@@ -214,21 +215,24 @@ class AsyncLLM:
         )
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        for out in outputs:
-            with self._lock:
-                target = self._streams.get(out.request_id)
+        with self._lock:
+            targets = [self._streams.get(out.request_id) for out in outputs]
+        per_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, object]]] = {}
+        for out, target in zip(outputs, targets):
             live = self._live.get(out.request_id)
             if out.finished and live is not None:
                 del self._live[out.request_id]
             if target is not None and target[2] is live:
                 loop, stream, _ = target
-                _put(loop, stream, out)
+                per_loop.setdefault(loop, []).append((stream, out))
+        for loop, items in per_loop.items():
+            _put(loop, items)
 
     def _fail_streams(self, err: BaseException) -> None:
         with self._lock:
             targets = list(self._streams.values())
         for loop, stream, _ in targets:
-            _put(loop, stream, err)
+            _put(loop, [(stream, err)])
 
     def _drain_waiters(self) -> None:
         while True:
@@ -246,7 +250,13 @@ class AsyncLLM:
             raise EngineDeadError("The engine was shut down.")
 
 
-def _put(loop: asyncio.AbstractEventLoop, stream: asyncio.Queue, item: object) -> None:
+def _put(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, object]]) -> None:
+    """Hands ``items`` to their queues on ``loop``, in order, in one callback."""
     # A closed consumer loop raises RuntimeError: nobody is listening any more.
     with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(stream.put_nowait, item)
+        loop.call_soon_threadsafe(_deliver, items)
+
+
+def _deliver(items: list[tuple[asyncio.Queue, object]]) -> None:
+    for stream, item in items:
+        stream.put_nowait(item)
