@@ -1,12 +1,14 @@
 """The decode step's narrow projections (o and down: N = hidden size) as a split-K product whose
 fp32 partial sums are reduced by the residual add + RMSNorm that follows them (``rms_norm.py``).
 
-cuBLAS gives these shapes (a few hundred rows at most, N = 1024, K = 2048 or 3072 for
-Qwen3-0.6B) at most 64 output tiles, each walking all of K alone: 3 to 6x their bandwidth floor
-on an H100 (docs/performance.md). Here each output tile's K is cut into ``splits`` slices, one
-program each, so that every SM streams weights; each slice writes its fp32 sums to a workspace
-``[splits, M, N]``, and the norm kernel adds the slices in a fixed order (deterministic, no
-atomics) before rounding to the activation dtype, as the linear layer's output would be.
+cuBLAS gives these shapes (N = 1024, K = 2048 or 3072 for Qwen3-0.6B) few output tiles, each
+walking all of K alone. Here each output tile's K is cut into ``splits`` slices, one program
+each; each slice writes its fp32 sums to a workspace ``[splits, M, N]``, and the norm kernel
+adds the slices in a fixed order (deterministic, no atomics) before rounding to the activation
+dtype, as the linear layer's output would be. Measured with the weights coming from HBM, as in
+the engine, both take several times the bytes' time: the cost is the kernel boundaries, not the
+bandwidth (docs/performance.md, "the narrow projections are latency-bound"). Split-K wins for
+few rows only, so ``MEASURED`` sends the rest to cuBLAS.
 
 The product is computed as ``W_tile @ A_tile^T``: the weight's rows are the MMA's long side, so
 that a batch of 16 rows still fills a tile. With ``silu_gate``, ``a`` is the gate/up
