@@ -7,8 +7,8 @@
 # best launches written to $OUT/split_k_table.json (scripts/diag_split_k.py); the engine end to
 # end (`LLM` only) once per line of E2E (`name|VAR=value ...`: the environment of that run), each
 # in a fresh process. The TMA prefill
-# kernel is opted in, as the release check does once its probe passes. Logs land in $OUT; STEPS
-# picks a subset.
+# kernel is opted in, as the release check does once its probe passes. STEPS
+# picks a subset; each step's whole log is appended to $OUT/explore.log.
 set -uo pipefail
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 export ENGINE_KERNELS_TMA_PREFILL=${ENGINE_KERNELS_TMA_PREFILL:-1}
@@ -19,12 +19,16 @@ STEPS=${STEPS:-decode,decode28,decodeseq,ablation,tests}
 # name|environment assignments (no spaces in a value), one end-to-end run each
 E2E=${E2E:-"default|"}
 
+# The device returns at most 8 files: every step's whole log goes to $OUT/explore.log.
 step() {  # step NAME SECONDS CMD...: runs CMD under a time limit, logs it, shows its tail
-  local name=$1 limit=$2 start=$SECONDS
+  local name=$1 limit=$2 start=$SECONDS status
   shift 2
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name: exit $? in $((SECONDS - start)) s"
-  grep -v "Processed prompts" "$OUT/$name.log" | tail -n "${TAIL:-12}"
+  timeout "$limit" "$@" > "/tmp/$name.log" 2>&1
+  status=$?
+  { echo "== $name: $*"; grep -v "Processed prompts" "/tmp/$name.log"
+    echo "== $name: exit $status in $((SECONDS - start)) s"; } >> "$OUT/explore.log"
+  echo "== $name: exit $status in $((SECONDS - start)) s"
+  grep -v "Processed prompts" "/tmp/$name.log" | tail -n "${TAIL:-12}"
 }
 
 for s in ${STEPS//,/ }; do
