@@ -6,9 +6,9 @@
 # (scripts/diag_engine_ablation.py); the split-K o / down projections against cuBLAS, with the
 # best launches written to $OUT/split_k_table.json (scripts/diag_split_k.py); the engine end to
 # end (`LLM` only) once per line of E2E (`name|VAR=value ...`: the environment of that run), each
-# in a fresh process. The TMA prefill
-# kernel is opted in, as the release check does once its probe passes. STEPS
-# picks a subset; each step's whole log is appended to $OUT/explore.log.
+# in a fresh process; the split-K tests and gpu_check. The TMA prefill kernel is opted in, as the
+# release check does once its probe passes. STEPS picks a subset; each step's whole log is
+# appended to $OUT/explore.log.
 set -uo pipefail
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 export ENGINE_KERNELS_TMA_PREFILL=${ENGINE_KERNELS_TMA_PREFILL:-1}
