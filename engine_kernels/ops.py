@@ -102,10 +102,7 @@ def projection_add_rms_norm(
     *,
     silu_gate: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    backend = _backend(x)
-    if backend is reference:
-        return reference.projection_add_rms_norm(x, weight, residual, norm_weight, eps, silu_gate)
-    return backend.projection_add_rms_norm(
+    return _backend(x).projection_add_rms_norm(
         x, weight, residual, norm_weight, eps, silu_gate=silu_gate
     )
 

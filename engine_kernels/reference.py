@@ -92,6 +92,7 @@ def projection_add_rms_norm(
     residual: torch.Tensor,
     norm_weight: torch.Tensor,
     eps: float,
+    *,
     silu_gate: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A bias-free projection (of ``silu_and_mul(x)`` with ``silu_gate``) and the residual add +

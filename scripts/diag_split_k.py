@@ -24,6 +24,7 @@ import statistics
 import torch
 import triton
 
+from benchmarks.gpu_throughput import copy_bandwidth
 from engine_kernels import triton_ops
 from engine_kernels.linear_split_k import SplitKConfig, split_k_config, split_k_partials
 from engine_kernels.rms_norm import partials_add_rms_norm
@@ -96,16 +97,7 @@ def main() -> None:
     args = ap.parse_args()
     dev = torch.device("cuda")
     dt = torch.bfloat16
-    buf = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    buf[1 << 29 :].copy_(buf[: 1 << 29])
-    start.record()
-    for _ in range(10):
-        buf[1 << 29 :].copy_(buf[: 1 << 29])
-    end.record()
-    end.synchronize()
-    bw = 10 * 2 * (1 << 29) / (start.elapsed_time(end) / 1e3)
-    del buf
+    bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}, copy {bw / 1e9:,.0f} GB/s; us per call, each a CUDA "
           f"graph of {LAYERS} calls over {LAYERS} weight copies; floor: weights + activations "
           "at the copy rate")  # fmt: skip

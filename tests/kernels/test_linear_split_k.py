@@ -57,7 +57,9 @@ def test_projection_add_rms_norm_equals_the_reference(tops, dtype, device, rows,
     residual = torch.randn(rows, n, dtype=dtype, device=device)
     norm_w = torch.rand(n, dtype=dtype, device=device) + 0.5
     out, summed = tops.projection_add_rms_norm(x, w, residual, norm_w, 1e-6, silu_gate=silu_gate)
-    ref_out, ref_summed = reference.projection_add_rms_norm(x, w, residual, norm_w, 1e-6, silu_gate)
+    ref_out, ref_summed = reference.projection_add_rms_norm(
+        x, w, residual, norm_w, 1e-6, silu_gate=silu_gate
+    )
     assert_close(summed, ref_summed, dtype)
     assert_close(out, ref_out, dtype)
     # The norm is of the sum the kernel returns, rounded as the reference rounds it.
@@ -144,6 +146,8 @@ def test_a_table_entry_without_splits_takes_the_plain_product(tops, dtype, devic
     out, summed = linear_split_k.projection_add_rms_norm(
         x, w, residual, norm_w, 1e-6, silu_gate=True
     )
-    ref_out, ref_summed = reference.projection_add_rms_norm(x, w, residual, norm_w, 1e-6, True)
+    ref_out, ref_summed = reference.projection_add_rms_norm(
+        x, w, residual, norm_w, 1e-6, silu_gate=True
+    )
     assert_close(summed, ref_summed, dtype)
     assert_close(out, ref_out, dtype)
