@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -298,11 +299,16 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|---:|---:|")
     for name, (s, n, reqs) in rows.items():
         print(f"| {name} | {reqs} | {n} | {s:.1f} | {n / s:,.0f} | {n / s / (total / floor):.0%} |")
-    tps = {k: n / s for k, (s, n, _) in rows.items()}
-    if "reference LLM" in tps and "HF transformers generate" in tps:
-        print(f"LLM / HF: {tps['reference LLM'] / tps['HF transformers generate']:.1f}x")
-    if "reference LLM" in tps and "reference AsyncLLM" in tps:
-        print(f"AsyncLLM / LLM: {tps['reference AsyncLLM'] / tps['reference LLM']:.2f}")
+    tps = {}  # engine -> output tok/s of each of its runs
+    for name, (s, n, _) in rows.items():
+        tps.setdefault(name.split(" #")[0], []).append(n / s)
+    med = {k: statistics.median(v) for k, v in tps.items()}
+    if "reference LLM" in med and "HF transformers generate" in med:
+        print(f"LLM / HF: {med['reference LLM'] / med['HF transformers generate']:.1f}x")
+    if "reference LLM" in med and "reference AsyncLLM" in med:
+        runs = len(tps["reference LLM"]), len(tps["reference AsyncLLM"])
+        how = "" if runs == (1, 1) else f" (medians of {runs[0]} and {runs[1]} runs)"
+        print(f"AsyncLLM / LLM: {med['reference AsyncLLM'] / med['reference LLM']:.2f}{how}")
     if args.json:
         args.json.write_text(json.dumps({"bandwidth": bw, "floor_s": floor, "rows": rows}))
     return 0

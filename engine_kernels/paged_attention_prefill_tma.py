@@ -24,16 +24,33 @@ from engine_kernels.paged_attention_prefill import _LOG2E, _query_tile, _softmax
 
 
 @triton.jit
+def _fresh_tile(
+    q, acc, m_i, l_i, desc_k, desc_v, q_start, n0, col, offs_t, offs_m, end, scale_log2,
+    CAUSAL_MASK: tl.constexpr,
+):  # fmt: skip
+    """The online-softmax update with the key tile at ``n0`` of this sequence's new tokens."""
+    k = desc_k.load([q_start + n0, col])
+    v = desc_v.load([q_start + n0, col])
+    qk = tl.dot(q, tl.trans(k))
+    if CAUSAL_MASK:
+        # Key j is visible to query i when j <= i. Rows at or past q_len (another sequence's
+        # tokens, TMA's zero fill past the end) are never stored.
+        qk = tl.where((n0 + offs_t)[None, :] <= offs_m[:, None], qk, float("-inf"))
+    return _softmax_pv(qk, acc, m_i, l_i, v, offs_t, offs_m, end, False, scale_log2, 0, "tf32")
+
+
+@triton.jit
 def _prefill_tma_kernel(
     q_ptr, tokens, stride_qt, desc_k, desc_v, o_ptr, seq_lens_ptr, qsl_ptr, scale_log2,
     stride_ot, stride_oh, num_heads,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, PEEL_DIAGONAL: tl.constexpr,
 ):  # fmt: skip
     # No early return and one loop with no branch in it: Triton 3.6's Hopper warp
     # specialisation gives up on anything else (a second loop, a paged prefix loop before it, a
     # mask behind a branch, the diagonal tiles unrolled before the loop: each left the kernel
-    # unspecialised or crashed the pass, compiled for sm_90).
+    # unspecialised or crashed the pass, compiled for sm_90). So the specialised kernel masks
+    # every tile; PEEL_DIAGONAL (unspecialised only) masks only the diagonal's tiles.
     m0, b, h, q_start, q_len = _query_tile(qsl_ptr, num_heads, BLOCK_M)
     fresh = tl.load(seq_lens_ptr + b) == q_len  # no cached prefix: this kernel's sequence
     end = tl.where(fresh & (m0 < q_len), tl.minimum(m0 + BLOCK_M, q_len), 0)
@@ -51,26 +68,32 @@ def _prefill_tma_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     col = h // GROUP * HEAD_DIM
-    for n0 in tl.range(0, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-        k = desc_k.load([q_start + n0, col])
-        v = desc_v.load([q_start + n0, col])
-        qk = tl.dot(q, tl.trans(k))
-        # Causal: key j visible to query i when j <= i. Off the diagonal this is always true; a
-        # branch around it would cost the specialisation. Rows at or past q_len (another
-        # sequence's tokens, TMA's zero fill past the end) are never stored.
-        qk = tl.where((n0 + offs_t)[None, :] <= offs_m[:, None], qk, float("-inf"))
-        acc, m_i, l_i = _softmax_pv(
-            qk, acc, m_i, l_i, v, offs_t, offs_m, end, False, scale_log2, 0, "tf32"
-        )
+    # Peeled, the first loop stops at the query tile's first row, so every key it reads
+    # precedes every query of the tile (tiles start on key tile boundaries), and the second
+    # takes the diagonal's keys up to the tile's last row.
+    below_end = tl.where(end > 0, m0, 0) if PEEL_DIAGONAL else end
+    for n0 in tl.range(0, below_end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+        acc, m_i, l_i = _fresh_tile(
+            q, acc, m_i, l_i, desc_k, desc_v, q_start, n0, col, offs_t, offs_m, end, scale_log2,
+            not PEEL_DIAGONAL,
+        )  # fmt: skip
+    if PEEL_DIAGONAL:
+        for n0 in tl.range(below_end, end, BLOCK_N):
+            acc, m_i, l_i = _fresh_tile(
+                q, acc, m_i, l_i, desc_k, desc_v, q_start, n0, col, offs_t, offs_m, end,
+                scale_log2, True,
+            )  # fmt: skip
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l_i = 0: a program with nothing to do
     rows = (q_start + offs_m).to(tl.int64)
     o_off = rows[:, None] * stride_ot + h * stride_oh + tl.arange(0, HEAD_DIM)[None, :]
     tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(offs_m < end)[:, None])
 
 
-def _cfg(block_m: int, block_n: int, num_warps: int, num_stages: int, ws: int) -> dict:
+def _cfg(
+    block_m: int, block_n: int, num_warps: int, num_stages: int, ws: int, peel: int = 0
+) -> dict:
     return {"block_m": block_m, "block_n": block_n, "num_warps": num_warps,
-            "num_stages": num_stages, "warp_specialize": ws}  # fmt: skip
+            "num_stages": num_stages, "warp_specialize": ws, "peel": peel}  # fmt: skip
 
 
 # Per head dim, the fastest of an H100 sweep (2026-12-05, docs/performance.md); the candidates
@@ -80,9 +103,10 @@ def _cfg(block_m: int, block_n: int, num_warps: int, num_stages: int, ws: int) -
 CUDA_CONFIGS = {64: _cfg(128, 64, 4, 3, 0), 128: _cfg(128, 128, 4, 2, 1)}
 CANDIDATE_CONFIGS = {
     64: [_cfg(128, 64, 4, 3, 0), _cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1),
-         _cfg(128, 64, 4, 4, 0), _cfg(128, 128, 8, 3, 0)],
+         _cfg(128, 64, 4, 4, 0), _cfg(128, 128, 8, 3, 0), _cfg(128, 64, 4, 3, 0, 1),
+         _cfg(128, 64, 4, 4, 0, 1), _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 128, 8, 3, 0, 1)],
     128: [_cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1), _cfg(128, 128, 8, 2, 0),
-          _cfg(128, 64, 8, 3, 0)],
+          _cfg(128, 64, 8, 3, 0), _cfg(128, 128, 8, 2, 0, 1), _cfg(128, 64, 8, 3, 0, 1)],
 }  # fmt: skip
 # Warp-specialised with three stages, every candidate left rows NaN on an H100 (Triton 3.6,
 # 2026-12-05: the CUDA kernel tests); two stages were right.
@@ -156,12 +180,17 @@ def attend_fresh(
             f"warp-specialised TMA prefill with {cfg['num_stages']} stages: at most "
             f"{WARP_SPECIALIZED_MAX_STAGES} (more left rows NaN on Hopper with Triton 3.6)"
         )
+    if cfg["warp_specialize"] and cfg.get("peel", 0):
+        raise ValueError(
+            "warp-specialised TMA prefill cannot peel the diagonal: Triton 3.6's Hopper warp "
+            "specialisation fails to compile a second loop"
+        )
     grid = (triton.cdiv(max_query_len, block_m), batch * num_heads)
     triton.set_allocator(_scratch)  # per call: the allocator is a context variable (per thread)
     _prefill_tma_kernel[grid](
         q, tokens, q.stride(0), _descriptor(k_new, block_n), _descriptor(v_new, block_n), out,
         seq_lens, query_start_loc, scale * _LOG2E, out.stride(0), out.stride(1), num_heads,
         GROUP=num_heads // k_new.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        WARP_SPECIALIZE=bool(cfg["warp_specialize"]),
+        WARP_SPECIALIZE=bool(cfg["warp_specialize"]), PEEL_DIAGONAL=bool(cfg.get("peel", 0)),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip

@@ -15,7 +15,9 @@
 # (scripts/diag_engine_ablation.py, what each kind of kernel costs inside the engine) and
 # decode_steps (scripts/diag_decode_workload.py, the decode attention on the workload's steps in
 # CUDA graphs). SWEEP=1 also times every candidate prefill
-# configuration (the row's default among them). A step that hangs is cut at its limit
+# configuration (the row's default among them). The throughput step alternates LLM and AsyncLLM
+# twice (THROUGHPUT_ENGINES) and reports the ratio of their medians: one run each is within the
+# run-to-run spread of about 2.6%. A step that hangs is cut at its limit
 # (2026-12-05: every bf16 step that ran the first TMA prefill kernel).
 set -uo pipefail
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
@@ -49,7 +51,8 @@ for name in $STEPS; do
     prefill) TAIL=12 step prefill 200 python3 -m benchmarks.kernels --only prefill \
       $([ "${SWEEP:-0}" = 1 ] && echo --sweep) ;;
     decode) TAIL=10 step decode 60 python3 -m benchmarks.kernels --only decode ;;
-    throughput) TAIL=12 step throughput 300 python3 -m benchmarks.gpu_throughput --engines llm,async ;;
+    throughput) TAIL=14 step throughput 300 python3 -m benchmarks.gpu_throughput \
+      --engines "${THROUGHPUT_ENGINES:-llm,async,llm,async}" ;;
     kernel_tests) TAIL=3 step kernel_tests 200 python3 -m pytest tests/kernels -q -n 16 \
       -p no:cacheprovider -o addopts="" ;;
     gpu_check) TAIL=8 step gpu_check 200 python3 -m benchmarks.gpu_check ;;

@@ -25,12 +25,12 @@ if ON_GPU:
     )
 
 
-def _cfg(block_m, block_n, num_warps=4, num_stages=1, ws=0):
+def _cfg(block_m, block_n, num_warps=4, num_stages=1, ws=0, peel=0):
     """The kernel module's configuration, with the interpreter's defaults (imported lazily, as
     the ``tops`` fixture imports triton)."""
     from engine_kernels.paged_attention_prefill_tma import _cfg as kernel_cfg
 
-    return kernel_cfg(block_m, block_n, num_warps, num_stages, ws)
+    return kernel_cfg(block_m, block_n, num_warps, num_stages, ws, peel)
 
 
 def _configs(head_dim: int) -> list[dict]:
@@ -38,7 +38,9 @@ def _configs(head_dim: int) -> list[dict]:
         from engine_kernels.paged_attention_prefill_tma import CANDIDATE_CONFIGS
 
         return CANDIDATE_CONFIGS[head_dim]
-    return [_cfg(16, 16), _cfg(32, 16), _cfg(32, 32, ws=1)]
+    # peel: the diagonal of a 32-row tile in two key tiles, of a 16-row tile in one
+    return [_cfg(16, 16), _cfg(32, 16), _cfg(32, 32, ws=1), _cfg(32, 16, peel=1),
+            _cfg(16, 16, peel=1)]  # fmt: skip
 
 
 # (cached prefix, new tokens): fresh sequences of one token, one tile, odd lengths; sequences with
@@ -88,8 +90,12 @@ def _reference(q, k_cache, v_cache, tables, lens, qsl, scale):
 @pytest.mark.parametrize(
     ("head_dim", "cfg"),
     [(d, c) for d in (64, 128) for c in _configs(d)],
-    ids=[f"d{d}-m{c['block_m']}n{c['block_n']}w{c['num_warps']}s{c['num_stages']}"
-         f"ws{c['warp_specialize']}" for d in (64, 128) for c in _configs(d)],  # fmt: skip
+    ids=[
+        f"d{d}-m{c['block_m']}n{c['block_n']}w{c['num_warps']}s{c['num_stages']}"
+        f"ws{c['warp_specialize']}p{c['peel']}"
+        for d in (64, 128)
+        for c in _configs(d)
+    ],
 )
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (2, 2)])
 def test_tma_prefill(tops, dtype, device, head_dim, cfg, heads, kv_heads):
@@ -154,4 +160,19 @@ def test_warp_specialised_three_stages_is_refused(tops, device):
     with pytest.raises(ValueError, match="at most 2"):
         tma.attend_fresh(q, k_new, v_new, lens, qsl, 0.125, max_query_len=max_q, out=out,
                          config=cfg)  # fmt: skip
+    assert out.isnan().all()
+
+
+def test_warp_specialised_peel_is_refused(tops, device):
+    """Triton 3.6's Hopper warp specialisation fails to compile the peeled kernel's second loop:
+    refused with a clear error before anything is compiled or launched."""
+    from engine_kernels import paged_attention_prefill_tma as tma
+
+    q, k_new, v_new, _, _, _, lens, qsl, max_q = _inputs(
+        [(0, 20)], 4, 2, 64, torch.bfloat16, device
+    )
+    out = torch.full_like(q, float("nan"))
+    with pytest.raises(ValueError, match="cannot peel"):
+        tma.attend_fresh(q, k_new, v_new, lens, qsl, 0.125, max_query_len=max_q, out=out,
+                         config=_cfg(128, 64, 4, 2, ws=1, peel=1))  # fmt: skip
     assert out.isnan().all()
