@@ -103,6 +103,19 @@ def warm_up_requests(n: int = 256) -> tuple[list[list[int]], list[int]]:
     return prompts, [1 + (7 * i) % 32 for i in range(n)]
 
 
+def _engine_counters(core) -> tuple[int, float, int]:
+    """(steps, seconds the host waited for the GPU, preemptions) so far."""
+    stats = core.get_stats()
+    return stats.num_steps, core.model_runner.host_wait_s, stats.num_preemptions
+
+
+def _print_counters(seconds: float, before: tuple, after: tuple) -> None:
+    steps, waited, preempted = (a - b for a, b in zip(after, before))
+    # Waiting long for the GPU means the GPU sets the pace; waiting little, the host does.
+    print(f"  {seconds:.2f} s, {steps} steps, host waited for the GPU {waited:.2f} s, "
+          f"{preempted} preemptions", flush=True)  # fmt: skip
+
+
 def run_llm(folder: str, prompts, outs, engine_args) -> tuple[float, int]:
     from reference_engine import LLM, SamplingParams
 
@@ -116,14 +129,11 @@ def run_llm(folder: str, prompts, outs, engine_args) -> tuple[float, int]:
         use_tqdm=False,
     )
     torch.cuda.synchronize()
+    before = _engine_counters(llm.llm_engine)
     start = time.perf_counter()
-    waited, steps = llm.llm_engine.model_runner.host_wait_s, llm.get_stats().num_steps
     results = llm.generate(inputs, params)
     seconds = time.perf_counter() - start
-    waited = llm.llm_engine.model_runner.host_wait_s - waited
-    steps = llm.get_stats().num_steps - steps
-    # Waiting long for the GPU means the GPU sets the pace; waiting little, the host does.
-    print(f"  {seconds:.2f} s, {steps} steps, host waited for the GPU {waited:.2f} s", flush=True)
+    _print_counters(seconds, before, _engine_counters(llm.llm_engine))
     del llm
     torch.cuda.empty_cache()
     return seconds, sum(len(r.outputs[0].token_ids) for r in results)
@@ -147,11 +157,14 @@ def run_async(folder: str, prompts, outs, engine_args) -> tuple[float, int]:
 
         warm, warm_outs = warm_up_requests()
         await asyncio.gather(*(one(f"w{i}", p, o) for i, (p, o) in enumerate(zip(warm, warm_outs))))
+        core = engine.engine  # read only while the engine thread idles (before and after)
+        before = _engine_counters(core)
         start = time.perf_counter()
         counts = await asyncio.gather(
             *(one(str(i), p, o) for i, (p, o) in enumerate(zip(prompts, outs)))
         )
         seconds = time.perf_counter() - start
+        _print_counters(seconds, before, _engine_counters(core))
         engine.shutdown()
         return seconds, sum(counts)
 

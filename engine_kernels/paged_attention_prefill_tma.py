@@ -96,17 +96,21 @@ def _cfg(
             "num_stages": num_stages, "warp_specialize": ws, "peel": peel}  # fmt: skip
 
 
-# Per head dim, the fastest of an H100 sweep (2026-12-05, docs/performance.md); the candidates
-# are what the benchmark's sweep times and the CUDA tests check. With warp specialisation
-# ``num_warps`` is per warpgroup (Triton adds the producer and a second consumer), and three
-# stages of 128 x 128 tiles at d128 exceed the 227 KB of shared memory.
-CUDA_CONFIGS = {64: _cfg(128, 64, 4, 3, 0), 128: _cfg(128, 128, 4, 2, 1)}
+# Per head dim, the fastest of an H100 sweep (d128 2026-12-05, d64 with the diagonal peeled
+# 2026-12-06; docs/performance.md); the candidates are what the benchmark's sweep times and the
+# CUDA tests check. With warp specialisation ``num_warps`` is per warpgroup (Triton adds the
+# producer and a second consumer), and three stages of 128 x 128 tiles at d128 exceed the 227 KB
+# of shared memory.
+CUDA_CONFIGS = {64: _cfg(128, 64, 4, 3, 0, 1), 128: _cfg(128, 128, 4, 2, 1)}
 CANDIDATE_CONFIGS = {
-    64: [_cfg(128, 64, 4, 3, 0), _cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1),
-         _cfg(128, 64, 4, 4, 0), _cfg(128, 128, 8, 3, 0), _cfg(128, 64, 4, 3, 0, 1),
-         _cfg(128, 64, 4, 4, 0, 1), _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 128, 8, 3, 0, 1)],
-    128: [_cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1), _cfg(128, 128, 8, 2, 0),
-          _cfg(128, 64, 8, 3, 0), _cfg(128, 128, 8, 2, 0, 1), _cfg(128, 64, 8, 3, 0, 1)],
+    64: [_cfg(128, 64, 4, 3, 0), _cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 4, 0),
+         _cfg(128, 64, 4, 3, 0, 1), _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 64, 4, 4, 0, 1),
+         _cfg(128, 64, 4, 2, 0, 1), _cfg(128, 32, 4, 3, 0, 1), _cfg(128, 32, 4, 4, 0, 1),
+         _cfg(64, 64, 4, 2, 0, 1), _cfg(64, 64, 4, 3, 0, 1), _cfg(64, 32, 4, 3, 0, 1)],
+    128: [_cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1), _cfg(128, 64, 8, 3, 0),
+          _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 64, 8, 4, 0, 1), _cfg(128, 64, 8, 2, 0, 1),
+          _cfg(128, 128, 8, 3, 0, 1), _cfg(128, 32, 8, 4, 0, 1), _cfg(64, 64, 4, 2, 0, 1),
+          _cfg(64, 32, 4, 3, 0, 1)],
 }  # fmt: skip
 # Warp-specialised with three stages, every candidate left rows NaN on an H100 (Triton 3.6,
 # 2026-12-05: the CUDA kernel tests); two stages were right.
