@@ -24,7 +24,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gpu_throughput import ENGINE_ARGS, QWEN3_0_6B, warm_up_requests, workload  # noqa: E402
+from benchmarks.gpu_throughput import (  # noqa: E402
+    ENGINE_ARGS,
+    QWEN3_0_6B,
+    release_gpu_memory,
+    warm_up_requests,
+    workload,
+)
 from reference_engine import (  # noqa: E402
     LLM,
     AsyncEngineArgs,
@@ -75,10 +81,10 @@ def run_llm(folder: str, prompts, outs, clock: StepClock) -> dict:
                  use_tqdm=False)  # fmt: skip
     wall = time.perf_counter() - start
     row = {"wall": wall, "in steps": clock.seconds, "steps": core.get_stats().num_steps - steps,
-           "host waited": core.model_runner.host_wait_s - waited}  # fmt: skip
-    del llm
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+           "host waited": core.model_runner.host_wait_s - waited,
+           "KV blocks": core.model_runner.num_blocks}  # fmt: skip
+    del llm, core
+    release()
     return row
 
 
@@ -110,14 +116,19 @@ def run_async(folder: str, prompts, outs, clock: StepClock) -> dict:
         row = {"wall": wall, "in steps": clock.seconds,
                "steps": core.get_stats().num_steps - steps,
                "host waited": core.model_runner.host_wait_s - waited,
-               "last request in": added[-1] - start}  # fmt: skip
+               "last request in": added[-1] - start,
+               "KV blocks": core.model_runner.num_blocks}  # fmt: skip
         engine.shutdown()
         return row
 
     row = asyncio.run(main())
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    release()
     return row
+
+
+def release() -> None:
+    if torch.cuda.is_available():
+        release_gpu_memory()
 
 
 def main() -> int:
