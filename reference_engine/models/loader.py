@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import torch
+import torch._dynamo  # noqa: F401 - imported here, not lazily inside an engine's constructor
 from safetensors import safe_open
 
 from reference_engine.config import ModelConfig
@@ -39,6 +40,10 @@ def _fused_slices(cfg: ModelConfig) -> dict[str, tuple[str, int, int]]:
 def load_model(
     cfg: ModelConfig, device: torch.device, dtype: torch.dtype, random_weights: bool = False
 ) -> CausalLM:
+    # On the meta device the parameters' init runs through torch._refs, which imports
+    # torch._dynamo on first use; that import's torch.fx.wrap keeps its own frame in a reference
+    # cycle, and with it every caller's frame up to the first engine's constructor, so that engine
+    # outlived `del` until the garbage collector ran. Hence the import above, at import time.
     with torch.device("meta"):
         model = CausalLM(cfg)
     model = model.to_empty(device=device).to(dtype)

@@ -3,7 +3,7 @@ chunked prefill, prefix caching and preemption, and the KV cache is whole again 
 
 import pytest
 
-from fixtures import load_prompts, model_path
+from fixtures import ALL_MODELS, load_prompts, model_path
 from reference_engine import LLM, RequestOutput, SamplingParams
 
 N = 12
@@ -276,3 +276,28 @@ def test_generation_stops_exactly_at_the_model_length(mode):
     assert len(prompt["prompt_token_ids"]) + len(o.outputs[0].token_ids) == max_model_len
     assert o.outputs[0].finish_reason == "length"
     assert_idle(llm)
+
+
+def test_del_frees_the_first_engine_of_a_process_without_the_garbage_collector():
+    """``del llm`` must free the engine (its KV cache and weights) at once, also the first one a
+    process builds: torch's lazy first import of ``torch._dynamo`` during model construction keeps
+    its frame, and every caller's frame, in a reference cycle, which held that engine until the
+    garbage collector ran; the next engine then sized its KV pool from what was left. A fresh
+    interpreter, because only the first construction in a process takes that import."""
+    import subprocess
+    import sys
+
+    script = (
+        "import gc, weakref\n"
+        "gc.disable()\n"
+        "from fixtures import model_path\n"
+        "from reference_engine import LLM\n"
+        f"llm = LLM(str(model_path({ALL_MODELS[0]!r})), num_kv_blocks=8)\n"
+        "runner = weakref.ref(llm.llm_engine.model_runner)\n"
+        "del llm\n"
+        "assert runner() is None, 'the engine outlived del'\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
