@@ -286,6 +286,7 @@ def test_del_frees_the_first_engine_of_a_process_without_the_garbage_collector()
     interpreter, because only the first construction in a process takes that import."""
     import subprocess
     import sys
+    from pathlib import Path
 
     script = (
         "import gc, weakref\n"
@@ -297,7 +298,8 @@ def test_del_frees_the_first_engine_of_a_process_without_the_garbage_collector()
         "del llm\n"
         "assert runner() is None, 'the engine outlived del'\n"
     )
+    root = Path(__file__).resolve().parents[2]
     run = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=root
     )
     assert run.returncode == 0, run.stderr[-2000:]
