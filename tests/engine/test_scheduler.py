@@ -85,6 +85,20 @@ def test_a_tight_pool_preempts_and_still_finishes_everything():
     assert all(r.num_output_tokens == 10 for r in reqs)
 
 
+def test_preemption_warns_on_the_first_and_every_fiftieth(caplog):
+    """A pool too small for the load thrashes silently otherwise: the user is told, on the first
+    preemption and then once per PREEMPTION_WARNING_EVERY, not on every one."""
+    from reference_engine.scheduler import PREEMPTION_WARNING_EVERY
+
+    with caplog.at_level("WARNING", logger="reference_engine.scheduler"):
+        _, sched = run([(6, 40)] * 24, num_blocks=12, block_size=4, max_num_seqs=24, budget=64)
+    warnings = [r for r in caplog.records if "preempted" in r.getMessage()]
+    expected = -(-sched.num_preemptions // PREEMPTION_WARNING_EVERY)
+    assert sched.num_preemptions > PREEMPTION_WARNING_EVERY, "the workload must thrash"
+    assert len(warnings) == expected
+    assert "12 blocks" in warnings[0].getMessage()
+
+
 def test_long_prompts_are_chunked_under_the_budget():
     kv = KVCacheManager(64, 4)
     sched = Scheduler(Config(4, 16), kv)
