@@ -71,9 +71,12 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return
         rid = req.request_id
-        blocks = self.req_blocks.get(rid, [])
-        num_full = min(req.num_computed_tokens // self.block_size, len(blocks))
+        num_full = req.num_computed_tokens // self.block_size
         done = self.req_num_registered.get(rid, 0)
+        if num_full <= done:
+            return  # the common decode step: no block became full
+        blocks = self.req_blocks.get(rid, [])
+        num_full = min(num_full, len(blocks))
         if num_full <= done:
             return
         hashes = self._hashes(req)
@@ -92,7 +95,9 @@ class KVCacheManager:
         """Makes room for ``num_new_tokens`` more tokens after the computed ones (and the prefix
         hits in ``computed_blocks``, which it then holds). False, changing nothing, if the pool
         is too small."""
-        blocks = self.req_blocks.setdefault(req.request_id, [])
+        blocks = self.req_blocks.get(req.request_id)
+        if blocks is None:
+            blocks = self.req_blocks[req.request_id] = []
         if not computed_blocks:
             needed = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size)
             if needed <= len(blocks):  # the common decode step: the last block has room

@@ -16,7 +16,7 @@ from reference_engine.config import EngineArgs, EngineConfig
 from reference_engine.detokenizer import IncrementalDetokenizer
 from reference_engine.model_runner import ModelRunner, StepHandle
 from reference_engine.outputs import CompletionOutput, RequestOutput
-from reference_engine.request import Request
+from reference_engine.request import Request, RequestStatus
 from reference_engine.sampling_params import RequestOutputKind, SamplingParams
 from reference_engine.scheduler import Scheduler, SchedulerOutput
 from reference_engine.stats import EngineStats, KVCacheStats
@@ -185,35 +185,36 @@ class LLMEngine:
 
     def _process(self, sched: SchedulerOutput, sampled: dict) -> list[RequestOutput]:
         """Appends a step's sampled tokens, checks stops, frees what finished."""
-        self.stats.num_steps += 1
+        stats, scheduler, streams = self.stats, self.scheduler, self.streams
+        stats.num_steps += 1
+        num_scheduled = sched.num_scheduled_tokens
         outputs = []
         for req in sched.requests:
-            if req.is_finished:  # aborted, or stopped at the step before this chained one
-                continue
-            n = sched.num_scheduled_tokens[req.request_id]
-            result = sampled.get(req.request_id)
+            if req.status is RequestStatus.FINISHED:
+                continue  # aborted, or stopped at the step before this chained one
+            rid = req.request_id
+            result = sampled.get(rid)
             if result is None:  # a prompt chunk that did not reach the end: nothing to sample
-                self.scheduler.update_after_step(req, n, 0)
+                scheduler.update_after_step(req, num_scheduled[rid], 0)
                 continue
-            num_drafts = len(req.spec_token_ids)
-            if num_drafts:
-                self.stats.spec_num_drafts += 1
-                self.stats.spec_num_draft_tokens += num_drafts
-                self.stats.spec_num_accepted_tokens += result.num_accepted_drafts
+            if req.spec_token_ids:
+                stats.spec_num_drafts += 1
+                stats.spec_num_draft_tokens += len(req.spec_token_ids)
+                stats.spec_num_accepted_tokens += result.num_accepted_drafts
             new_tokens, finish = self._append_tokens(req, result)
-            self.scheduler.update_after_step(
-                req, n, min(result.num_accepted_drafts, len(new_tokens))
+            scheduler.update_after_step(
+                req, num_scheduled[rid], min(result.num_accepted_drafts, len(new_tokens))
             )
             finish = self._detokenize(req, new_tokens, finish)
             if finish is not None:
-                self.scheduler.finish_request(req, *finish)
-                self.stats.finished_requests[finish[0]] += 1
-                self.stats.num_cached_tokens_total += max(req.num_cached_tokens, 0)
+                scheduler.finish_request(req, *finish)
+                stats.finished_requests[finish[0]] += 1
+                stats.num_cached_tokens_total += max(req.num_cached_tokens, 0)
             out = self._make_output(req)
             if out is not None:
                 outputs.append(out)
-            if req.is_finished:
-                self.streams.pop(req.request_id, None)
+            if req.status is RequestStatus.FINISHED:
+                streams.pop(rid, None)
         return outputs
 
     def _chain(self, sched, handle) -> tuple[SchedulerOutput, StepHandle] | None:
@@ -238,10 +239,11 @@ class LLMEngine:
         return nxt, runner.launch_chained(handle, nxt.requests, positions, tables)
 
     def _append_tokens(self, req: Request, result) -> tuple[list[int], tuple | None]:
-        p, new_tokens, finish = req.params, [], None
-        for i, tok in enumerate(result.token_ids):
+        """Appends the sampled tokens up to the first that stops ``req``; returns those
+        appended and the stop (None if none)."""
+        p, sampled, finish = req.params, result.token_ids, None
+        for i, tok in enumerate(sampled):
             req.append_token(tok)
-            new_tokens.append(tok)
             if p.logprobs is not None:
                 entry = result.logprobs[i]
                 if self.tokenizer is not None:
@@ -251,13 +253,14 @@ class LLMEngine:
                 req.cumulative_logprob += result.token_logprobs[i]
             finish = self._stop_by_token(req, tok)
             if finish is not None:
+                sampled = sampled[: i + 1]
                 break
-        self.stats.generation_tokens_total += len(new_tokens)
-        return new_tokens, finish
+        self.stats.generation_tokens_total += len(sampled)
+        return sampled, finish
 
     def _stop_by_token(self, req: Request, tok: int) -> tuple | None:
         p = req.params
-        if req.num_output_tokens >= p.min_tokens:
+        if len(req.output_token_ids) >= p.min_tokens:
             if not p.ignore_eos and tok in req.eos_token_ids:
                 return ("stop", None)
             if tok in p.stop_token_ids:
@@ -269,18 +272,17 @@ class LLMEngine:
     def _detokenize(
         self, req: Request, new_tokens: list[int], finish: tuple | None
     ) -> tuple | None:
-        stream = self.streams[req.request_id]
-        detok = stream.detokenizer
+        detok, p = self.streams[req.request_id].detokenizer, req.params
         to_text = new_tokens
-        if finish is not None and finish[0] == "stop" and not req.params.include_stop_str_in_output:
+        if finish is not None and finish[0] == "stop" and not p.include_stop_str_in_output:
             to_text = new_tokens[:-1]  # the EOS / stop token is not part of the text
-        stop, taken = detok.add_tokens(to_text, check_stop_from=req.params.min_tokens)
+        stop, taken = detok.add_tokens(to_text, check_stop_from=p.min_tokens)
         if stop is not None:
             extra = len(new_tokens) - taken
             if extra:
                 del req.output_token_ids[len(req.output_token_ids) - extra :]
                 del req.all_token_ids[len(req.all_token_ids) - extra :]
-                if req.params.logprobs is not None:
+                if p.logprobs is not None:
                     del req.logprobs[len(req.logprobs) - extra :]
             return ("stop", stop)
         if finish is not None:
@@ -292,11 +294,11 @@ class LLMEngine:
         if stream is None:
             return None
         kind, finished = req.params.output_kind, req.is_finished
-        new_tokens = req.num_output_tokens - stream.num_tokens_sent
         if not finished and not force:
-            if kind is RequestOutputKind.FINAL_ONLY or new_tokens <= 0:
+            if kind is RequestOutputKind.FINAL_ONLY:
                 return None
-            if new_tokens < self.config.stream_interval:
+            new_tokens = req.num_output_tokens - stream.num_tokens_sent
+            if new_tokens <= 0 or new_tokens < self.config.stream_interval:
                 return None
         text = stream.detokenizer.visible_text(finished)
         if kind is RequestOutputKind.DELTA:

@@ -38,9 +38,13 @@ class Request:
     cumulative_logprob: float = 0.0
     logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     generator: torch.Generator | None = None
+    # ``params.max_tokens``, or no limit: read for every token (``tokens_left``).
+    max_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
+        max_tokens = self.params.max_tokens
+        self.max_tokens = max_tokens if max_tokens is not None else 1 << 62
         if self.params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.params.seed)
 
@@ -60,15 +64,13 @@ class Request:
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
-    @property
-    def max_tokens(self) -> int:
-        return self.params.max_tokens if self.params.max_tokens is not None else 1 << 62
-
     def tokens_left(self, max_model_len: int) -> int:
         """How many more tokens this request may generate before it stops for length: the
         tighter of ``max_tokens`` and the model length. The one rule for the engine's length
         stop, the scheduler's step ahead and the drafter's room."""
-        return min(self.max_tokens - self.num_output_tokens, max_model_len - self.num_tokens)
+        return min(
+            self.max_tokens - len(self.output_token_ids), max_model_len - len(self.all_token_ids)
+        )
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -82,16 +82,18 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         i = 0
+        running, proposer = self.running, self.proposer
         allocate, scheduled = self.kv_cache.allocate_slots, out.num_scheduled_tokens
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            if self.proposer is not None:
+        while i < len(running) and budget > 0:
+            req = running[i]
+            if proposer is not None:
                 self._propose_drafts(req)
             elif req.spec_token_ids:
                 req.spec_token_ids = []
-            n = min(req.num_tokens - req.num_computed_tokens + len(req.spec_token_ids), budget)
+            uncomputed = len(req.all_token_ids) - req.num_computed_tokens
+            n = min(uncomputed + len(req.spec_token_ids), budget)
             while not allocate(req, n):
-                victim = self.running.pop()
+                victim = running.pop()
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is req:
@@ -143,21 +145,24 @@ class Scheduler:
         out = SchedulerOutput()
         if self.proposer is not None or (self.waiting and len(self.running) < self.max_num_seqs):
             return out
+        max_model_len, in_flight_tokens = self.max_model_len, in_flight.num_scheduled_tokens
+        allocate, blocks_of = self.kv_cache.allocate_slots, self.kv_cache.blocks_of
         for req in in_flight.requests:
-            if req.is_finished:
+            if req.status is RequestStatus.FINISHED:
                 continue
-            n = in_flight.num_scheduled_tokens[req.request_id]
-            if req.num_computed_tokens + n < req.num_tokens:
+            rid = req.request_id
+            n = in_flight_tokens[rid]
+            if req.num_computed_tokens + n < len(req.all_token_ids):
                 return SchedulerOutput()  # a prompt chunk: nothing sampled in flight
-            if req.tokens_left(self.max_model_len) <= 1:
+            if req.tokens_left(max_model_len) <= 1:
                 continue  # stops at the in-flight step for sure
             if not decodes_ahead(req):
                 return SchedulerOutput()  # a token the host must sample first
-            if not self.kv_cache.allocate_slots(req, n + 1):
+            if not allocate(req, n + 1):
                 return SchedulerOutput()  # short of blocks: ``schedule`` preempts
             out.requests.append(req)
-            out.num_scheduled_tokens[req.request_id] = 1
-            out.block_tables[req.request_id] = self.kv_cache.blocks_of(req.request_id)
+            out.num_scheduled_tokens[rid] = 1
+            out.block_tables[rid] = blocks_of(rid)
         return out
 
     def _propose_drafts(self, req: Request) -> None:
@@ -196,9 +201,10 @@ class Scheduler:
         ``num_accepted_drafts`` were rejected and their blocks are released."""
         num_drafts = len(req.spec_token_ids)
         req.num_computed_tokens += num_scheduled - num_drafts + num_accepted_drafts
-        req.spec_token_ids = []
-        if num_drafts > num_accepted_drafts:
-            self.kv_cache.trim(req, req.num_tokens)
+        if num_drafts:
+            req.spec_token_ids = []
+            if num_drafts > num_accepted_drafts:
+                self.kv_cache.trim(req, req.num_tokens)
         self.kv_cache.cache_full_blocks(req)
 
     def finish_request(

@@ -102,3 +102,20 @@ def test_double_release_is_caught():
     kv.free_request(req)
     with pytest.raises(AssertionError):
         kv._release(block)
+
+
+def test_a_block_enters_the_prefix_cache_in_the_step_that_fills_it():
+    kv = KVCacheManager(num_blocks=8, block_size=BS)
+    req = make_request("a", list(range(6)))
+    assert kv.allocate_slots(req, 6)
+    req.num_computed_tokens = 6  # a chunk that fills block 0 and ends inside block 1
+    kv.cache_full_blocks(req)
+    assert kv.cached == {kv._hashes(req)[0]: kv.blocks_of("a")[0]}
+    for tok in range(6, 13):  # then decode steps of one token each
+        req.append_token(tok)
+        assert kv.allocate_slots(req, 1)
+        req.num_computed_tokens += 1
+        kv.cache_full_blocks(req)
+        num_full = req.num_computed_tokens // BS
+        assert sorted(kv.cached.values()) == sorted(kv.blocks_of("a")[:num_full])
+    assert len(kv.cached) == 3
