@@ -8,7 +8,6 @@ tokens; while the window's text ends in U+FFFD the new bytes are held back.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
@@ -24,6 +23,9 @@ class IncrementalDetokenizer:
     text: str = ""
     prefix_offset: int = 0
     read_offset: int = 0
+    # The text of single tokens, by id: most steps' prefix is the one token emitted last, and
+    # the engine shares one cache among its requests (one per ``skip_special_tokens``).
+    token_texts: dict[int, str] = field(default_factory=dict)
 
     def add_tokens(
         self, new_token_ids: list[int], check_stop_from: int = 0
@@ -61,18 +63,24 @@ class IncrementalDetokenizer:
             self._decode = lambda ids: self.tokenizer.decode(
                 ids, skip_special_tokens=self.skip_special_tokens
             )
-        else:  # a C-level partial: no Python frame per call
-            self._decode = functools.partial(
-                backend.decode, skip_special_tokens=self.skip_special_tokens
-            )
+        else:
+            # The flag goes by position: by keyword (as a functools.partial passes it) each call
+            # took a third longer.
+            decode, skip_special_tokens = backend.decode, self.skip_special_tokens
+            self._decode = lambda ids: decode(ids, skip_special_tokens)
 
     def _decode_next(self) -> None:
-        ids, decode, start = self.token_ids, self._decode, self.prefix_offset
-        prefix = decode(ids[start : self.read_offset])
-        window = decode(ids[start:])
+        ids, start, read = self.token_ids, self.prefix_offset, self.read_offset
+        if read - start == 1:
+            prefix = self.token_texts.get(ids[start])
+            if prefix is None:
+                prefix = self.token_texts[ids[start]] = self._decode(ids[start:read])
+        else:
+            prefix = self._decode(ids[start:read])
+        window = self._decode(ids[start:])
         if len(window) > len(prefix) and not window.endswith("\ufffd"):
             self.text += window[len(prefix) :]
-            self.prefix_offset, self.read_offset = self.read_offset, len(ids)
+            self.prefix_offset, self.read_offset = read, len(ids)
 
     def _find_stop(self, new_text_start: int) -> str | None:
         for stop in self.stop_strings:

@@ -48,6 +48,8 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config, self.kv_cache)
         self.streams: dict[str, _Stream] = {}
+        # The detokenizers' shared text of single tokens, by ``skip_special_tokens``.
+        self._token_texts: dict[bool, dict[int, str]] = {}
         self.stats = EngineStats()
         # One step may be in flight between calls of ``step`` (see there).
         self._pending: tuple[SchedulerOutput, StepHandle] | None = None
@@ -119,7 +121,11 @@ class LLMEngine:
         p = req.params
         self.streams[req.request_id] = _Stream(
             IncrementalDetokenizer(
-                self.tokenizer, p.skip_special_tokens, p.stop_strings, p.include_stop_str_in_output
+                self.tokenizer,
+                p.skip_special_tokens,
+                p.stop_strings,
+                p.include_stop_str_in_output,
+                token_texts=self._token_texts.setdefault(p.skip_special_tokens, {}),
             )
         )
         return req

@@ -4,7 +4,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from fixtures import load_prompts, model_path
+from reference_engine import EngineArgs, SamplingParams
 from reference_engine.detokenizer import IncrementalDetokenizer
+from reference_engine.llm_engine import LLMEngine
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +72,35 @@ def test_an_incomplete_last_character_is_dropped_at_the_end(tokenizer):
     detok.flush()
     assert detok.text == tokenizer.decode(ids[: cuts[0]]).rstrip("\ufffd")
     assert "\ufffd" not in detok.text
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_a_token_text_cache_shared_by_detokenizers_changes_no_text(tokenizer, skip_special_tokens):
+    # Special tokens decode to "" or to their name depending on skip_special_tokens: the cache
+    # shared by the engine's requests must be one per setting.
+    special = tokenizer.all_special_ids
+    prompts = load_prompts("multibyte")[:4] + load_prompts("short")[:4]
+    sequences = [
+        [special[i % len(special)]] + tokenizer.encode(p, add_special_tokens=False) + special
+        for i, p in enumerate(prompts)
+    ]
+    shared: dict[int, str] = {}
+    for _ in range(2):  # the second pass finds every single-token text in the cache
+        for ids in sequences:
+            detok = IncrementalDetokenizer(tokenizer, skip_special_tokens, token_texts=shared)
+            for tok in ids:
+                detok.add_tokens([tok])
+            detok.flush()
+            assert detok.text == tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    assert shared
+
+
+def test_the_engine_shares_one_token_text_cache_per_skip_special_tokens_setting():
+    engine = LLMEngine.from_engine_args(EngineArgs(model=str(model_path()), num_kv_blocks=16))
+    skips = {"a": True, "b": False, "c": True, "d": False}
+    for rid, skip in skips.items():
+        params = SamplingParams(skip_special_tokens=skip)
+        engine.add_request(rid, {"prompt_token_ids": [5, 6, 7]}, params)
+    caches = {rid: engine.streams[rid].detokenizer.token_texts for rid in skips}
+    assert caches["a"] is caches["c"] and caches["b"] is caches["d"]
+    assert caches["a"] is not caches["b"]
