@@ -90,7 +90,7 @@ class ModelRunner:
         self.sampler = Sampler(config.seed, self.device)
         self.graphs = None
         self.max_blocks = -(-config.max_model_len // self.block_size)
-        self._np_blocks: dict[str, tuple[int, int, np.ndarray]] = {}
+        self._np_blocks: dict[str, tuple[list[int], np.ndarray]] = {}
         if self.device.type == "cuda":
             b, w = config.max_num_seqs, self.max_blocks
             plan_numel = 0
@@ -255,16 +255,19 @@ class ModelRunner:
         return self._greedy(logits, requests)
 
     def _table_rows(self, requests: list[Request], tables: list[list[int]]) -> np.ndarray:
+        """``_padded_table(tables)`` for a chained decode step, from numpy copies of the tables
+        kept between steps: a table only grows there, so a copy stays good while it is the same
+        list (held, so that its id cannot pass to another) of the same length."""
         width = max(len(t) for t in tables)
         out = np.zeros((len(tables), width), dtype=np.int32)
         cache, fresh = self._np_blocks, {}
         for i, (req, t) in enumerate(zip(requests, tables)):
             rid = req.request_id
             hit = cache.get(rid)
-            if hit is None or hit[0] != id(t) or hit[1] != len(t):
-                hit = (id(t), len(t), np.asarray(t, dtype=np.int32))
+            if hit is None or hit[0] is not t or len(hit[1]) != len(t):
+                hit = (t, np.asarray(t, dtype=np.int32))
             fresh[rid] = hit
-            out[i, : hit[1]] = hit[2]
+            out[i, : len(t)] = hit[1]
         self._np_blocks = fresh
         return out
 
