@@ -11,6 +11,7 @@ Otherwise the step samples with the full ``Sampler`` at launch, which waits for 
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -141,7 +142,7 @@ class ModelRunner:
             p.greedy
             and p.logprobs is None
             and not req.spec_token_ids
-            and req.num_output_tokens + tokens_ahead >= p.min_tokens
+            and len(req.output_token_ids) + tokens_ahead >= p.min_tokens
         )
 
     @torch.inference_mode()
@@ -153,18 +154,25 @@ class ModelRunner:
         reqs = sched.requests
         if self.split_one_token_rows:  # one-token rows first (a stable sort)
             reqs = sorted(reqs, key=lambda r: sched.num_scheduled_tokens[r.request_id] != 1)
+        num_scheduled, block_tables = sched.num_scheduled_tokens, sched.block_tables
         for req in reqs:
-            n = sched.num_scheduled_tokens[req.request_id]
+            rid = req.request_id
+            n = num_scheduled[rid]
             start = req.num_computed_tokens
-            input_ids.extend(req.all_token_ids[start : start + n])
-            if start + n > req.num_tokens:  # the step verifies drafts after the known tokens
-                input_ids.extend(req.spec_token_ids[: start + n - req.num_tokens])
+            stop = start + n
+            known = req.all_token_ids
+            input_ids += known[start:stop]
+            if stop > len(known):  # the step verifies drafts after the known tokens
+                input_ids += req.spec_token_ids[: stop - len(known)]
             starts.append(start)
             counts.append(n)
-            tables.append(sched.block_tables[req.request_id])
+            tables.append(block_tables[rid])
             end += n
-            if start + n >= req.num_tokens:  # the chunk reaches the last known token: sample
-                logits_rows.extend(range(end - 1 - len(req.spec_token_ids), end))
+            if stop >= len(known):  # the chunk reaches the last known token: sample
+                if req.spec_token_ids:
+                    logits_rows.extend(range(end - 1 - len(req.spec_token_ids), end))
+                else:
+                    logits_rows.append(end - 1)
                 sampled_reqs.append(req)
         table = _padded_table(tables)
         # Positions and KV slots of every token, in numpy: a long prompt chunk has thousands.
@@ -258,18 +266,17 @@ class ModelRunner:
         """``_padded_table(tables)`` for a chained decode step, from numpy copies of the tables
         kept between steps: a table only grows there, so a copy stays good while it is the same
         list (held, so that its id cannot pass to another) of the same length."""
-        width = max(len(t) for t in tables)
-        out = np.zeros((len(tables), width), dtype=np.int32)
-        cache, fresh = self._np_blocks, {}
-        for i, (req, t) in enumerate(zip(requests, tables)):
+        cache, fresh, rows = self._np_blocks, {}, []
+        for req, t in zip(requests, tables):
             rid = req.request_id
             hit = cache.get(rid)
             if hit is None or hit[0] is not t or len(hit[1]) != len(t):
                 hit = (t, np.asarray(t, dtype=np.int32))
             fresh[rid] = hit
-            out[i, : len(t)] = hit[1]
+            rows.append(hit[1])
         self._np_blocks = fresh
-        return out
+        lengths = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+        return _rows_padded(np.concatenate(rows), lengths)
 
     def _run_graph(self, ids, positions, slots, seq_lens, table_rows) -> torch.Tensor:
         """Stages a decode step's inputs in pinned memory (one ring slot), plans the decode
@@ -329,9 +336,15 @@ class ModelRunner:
 
 def _padded_table(tables: list[list[int]]) -> np.ndarray:
     """The block tables as one int32 array, each row zero-padded to the longest."""
-    out = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
-    for row, t in zip(out, tables):
-        row[: len(t)] = t  # numpy converts a list slice in C: far faster than nested lists
+    lengths = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+    blocks = itertools.chain.from_iterable(tables)
+    return _rows_padded(np.fromiter(blocks, dtype=np.int32, count=int(lengths.sum())), lengths)
+
+
+def _rows_padded(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``values``, rows of ``lengths`` laid end to end, as rows zero-padded to the longest."""
+    out = np.zeros((len(lengths), int(lengths.max())), dtype=np.int32)
+    out[np.arange(out.shape[1]) < lengths[:, None]] = values  # a mask is filled row by row
     return out
 
 
