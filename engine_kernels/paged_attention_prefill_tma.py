@@ -90,10 +90,18 @@ def _prefill_tma_kernel(
 
 
 def _cfg(
-    block_m: int, block_n: int, num_warps: int, num_stages: int, ws: int, peel: int = 0
-) -> dict:
+    block_m: int, block_n: int, num_warps: int, num_stages: int, ws: int, peel: int = 0,
+    gluon: int = 0,
+) -> dict:  # fmt: skip
+    """``gluon``: run ``paged_attention_prefill_gluon``'s kernel instead (CUDA only; its tile
+    and pipeline are fixed: 128 query rows on 8 warps, two stages, the diagonal peeled)."""
     return {"block_m": block_m, "block_n": block_n, "num_warps": num_warps,
-            "num_stages": num_stages, "warp_specialize": ws, "peel": peel}  # fmt: skip
+            "num_stages": num_stages, "warp_specialize": ws, "peel": peel,
+            "gluon": gluon}  # fmt: skip
+
+
+def _gluon_cfg(block_n: int) -> dict:
+    return _cfg(128, block_n, 8, 2, 0, 1, gluon=1)
 
 
 # Per head dim, the fastest of an H100 sweep (d128 2026-12-05, d64 with the diagonal peeled
@@ -104,9 +112,11 @@ def _cfg(
 CUDA_CONFIGS = {64: _cfg(128, 64, 4, 3, 0, 1), 128: _cfg(128, 128, 4, 2, 1)}
 CANDIDATE_CONFIGS = {
     64: [_cfg(128, 64, 4, 3, 0, 1), _cfg(128, 64, 4, 3, 0), _cfg(128, 128, 4, 2, 1),
-         _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 64, 4, 4, 0, 1), _cfg(64, 64, 4, 2, 0, 1)],
+         _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 64, 4, 4, 0, 1), _cfg(64, 64, 4, 2, 0, 1),
+         _gluon_cfg(128), _gluon_cfg(64)],
     128: [_cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1), _cfg(128, 64, 8, 3, 0),
-          _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 128, 8, 3, 0, 1)],
+          _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 128, 8, 3, 0, 1), _gluon_cfg(128),
+          _gluon_cfg(64)],
 }  # fmt: skip
 # Warp-specialised with three stages, every candidate left rows NaN on an H100 (Triton 3.6,
 # 2026-12-05: the CUDA kernel tests); two stages were right.
@@ -185,6 +195,16 @@ def attend_fresh(
             "warp-specialised TMA prefill cannot peel the diagonal: Triton 3.6's Hopper warp "
             "specialisation fails to compile a second loop"
         )
+    if cfg.get("gluon"):
+        from engine_kernels import paged_attention_prefill_gluon as gluon
+
+        if not q.is_cuda:
+            raise ValueError("the Gluon prefill kernel runs on CUDA only (no interpreter)")
+        if cfg != _gluon_cfg(block_n):
+            raise ValueError(f"the Gluon prefill kernel's tile is fixed: {_gluon_cfg(block_n)}")
+        gluon.attend_fresh(q, k_new, v_new, seq_lens, query_start_loc, scale,
+                           max_query_len=max_query_len, out=out, block_n=block_n)  # fmt: skip
+        return
     grid = (triton.cdiv(max_query_len, block_m), batch * num_heads)
     triton.set_allocator(_scratch)  # per call: the allocator is a context variable (per thread)
     _prefill_tma_kernel[grid](

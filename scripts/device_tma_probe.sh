@@ -8,12 +8,12 @@
 set -uo pipefail
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ENGINE_KERNELS_TMA_PREFILL=1
 LIMIT="${LIMIT:-90}"
-configs() {  # configs NAME: one "head_dim block_m block_n warps stages ws peel" line each
+configs() {  # configs NAME: one "head_dim block_m block_n warps stages ws peel gluon" line each
   python3 -c "from engine_kernels import paged_attention_prefill_tma as t
 cs = t.$1
 for d, cl in sorted(cs.items()):
     for c in cl if isinstance(cl, list) else [cl]:
-        print(d, *(c[k] for k in ('block_m', 'block_n', 'num_warps', 'num_stages', 'warp_specialize', 'peel')))"
+        print(d, *(c[k] for k in ('block_m', 'block_n', 'num_warps', 'num_stages', 'warp_specialize', 'peel', 'gluon')))"
 }
 mapfile -t CONFIGS < <(configs CANDIDATE_CONFIGS)
 mapfile -t DEFAULTS < <(configs CUDA_CONFIGS)

@@ -36,6 +36,8 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 
 
 def compile_config(head_dim: int, cfg: dict):
+    if cfg.get("gluon"):
+        return compile_gluon(head_dim, cfg["block_n"])
     bm, bn = cfg["block_m"], cfg["block_n"]
     signature = {
         "q_ptr": "*bf16", "tokens": "i32", "stride_qt": "i32",
@@ -56,6 +58,35 @@ def compile_config(head_dim: int, cfg: dict):
     return kernel
 
 
+def compile_gluon(head_dim: int, block_n: int):
+    """``paged_attention_prefill_gluon``'s kernel; its descriptors' types name their layouts."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from engine_kernels import paged_attention_prefill_gluon as glu
+
+    def desc(rows: int) -> str:
+        layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
+        return f"tensordesc<bf16[{rows}, {head_dim}],{layout!r}>"
+
+    signature = {
+        "desc_q": desc(glu.BLOCK_M), "desc_k": desc(block_n), "desc_v": desc(block_n),
+        "o_ptr": "*bf16", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32", "scale_log2": "fp32",
+        "stride_ot": "i32", "stride_oh": "i32", "num_heads": "i32",
+    }  # fmt: skip
+    constants = {"GROUP": 2, "HEAD_DIM": head_dim, "BLOCK_M": glu.BLOCK_M, "BLOCK_N": block_n,
+                 "num_warps": glu.NUM_WARPS}  # fmt: skip
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    return triton.compile(
+        GluonASTSource(glu._prefill_gluon_kernel, signature, constants),
+        target=GPUTarget("cuda", 90, 128),
+        options={"num_warps": glu.NUM_WARPS},
+    )
+
+
+WGMMA_WAIT = re.compile(r"wgmma\.wait_group\.sync\.aligned (\d+)")
+
+
 def report(kernel) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
@@ -69,6 +100,7 @@ def report(kernel) -> str:
             f"warp-specialised {'ttg.warp_specialize' in kernel.asm['ttgir']}, "
             f"warps {kernel.metadata.num_warps}, wgmma {ptx.count('wgmma.mma_async')}, "
             f"setmaxnreg {ptx.count('setmaxnreg')}, "
+            f"wgmma waits {WGMMA_WAIT.findall(ptx)}, "
             f"TMA copies into a buffer of another shape "
             f"{box_mismatches(kernel.asm['ttgir'])}")  # fmt: skip
 

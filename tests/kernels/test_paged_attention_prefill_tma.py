@@ -92,7 +92,7 @@ def _reference(q, k_cache, v_cache, tables, lens, qsl, scale):
     [(d, c) for d in (64, 128) for c in _configs(d)],
     ids=[
         f"d{d}-m{c['block_m']}n{c['block_n']}w{c['num_warps']}s{c['num_stages']}"
-        f"ws{c['warp_specialize']}p{c['peel']}"
+        f"ws{c['warp_specialize']}p{c['peel']}g{c['gluon']}"
         for d in (64, 128)
         for c in _configs(d)
     ],

@@ -1,0 +1,213 @@
+"""Prefill attention for Hopper written in Gluon, Triton's explicit-layout dialect: the same
+contract as ``paged_attention_prefill_tma.attend_fresh`` (the sequences of a step with no cached
+prefix, keys and values read through TMA from the step's contiguous projections), with the
+overlap Triton 3.6 cannot give a ``tl.dot`` kernel.
+
+Each program takes 128 query rows on two warpgroups (64 rows each, both reading every key and
+value tile once from shared memory). Within a warpgroup the tile after next's scores and this
+tile's values are in flight on the tensor cores while the softmax runs (FlashAttention-3's
+intra-warpgroup overlap): in iteration ``j`` it issues ``S_j = Q K_j^T`` and ``O += P_{j-1}
+V_{j-1}``, waits for ``S_j`` alone, computes ``P_j`` and the rescale, then waits for ``O``. Keys
+and values have two shared-memory stages each and are refilled a full iteration before use; a
+CTA barrier per iteration keeps a stage from being refilled while the other warpgroup still
+reads it. Only the diagonal tile is masked.
+
+GPU only (Gluon has no interpreter): ``paged_attention_prefill_tma`` stays the kernel CI runs
+and the reference these kernels are tested against on CUDA.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from engine_kernels.paged_attention_prefill import _LOG2E
+
+# Triton 3.6 (the GPU machines') names the TMA load async_copy_global_to_shared and the CTA
+# barrier thread_barrier; later versions async_load and barrier.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+BLOCK_M = 128
+NUM_WARPS = 8
+
+
+@gluon.jit
+def _issue_kv(desc, smem, bars, tile, row0, col, n_tiles, BLOCK_N: gl.constexpr):
+    """The TMA load of key (or value) tile ``tile`` into its stage, if the sequence has it."""
+    stage = tile % 2
+    ok = tile < n_tiles
+    mbarrier.expect(bars.index(stage), desc.block_type.nbytes, pred=ok)
+    _tma_load(
+        desc, [row0 + tile * BLOCK_N, col], bars.index(stage), smem.index(stage), pred=ok
+    )
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i, n0, m0, offs_m, offs_n, scale_log2, BLOCK_N: gl.constexpr):
+    """The online-softmax step with scores ``s`` of the key tile at ``n0``: the probabilities,
+    the rescale of what came before, and the new row max and sum. Only the diagonal's tiles
+    (keys past some of the tile's rows) are masked."""
+    if n0 + BLOCK_N > m0:
+        s = gl.where((n0 + offs_n)[None, :] <= offs_m[:, None], s, float("-inf"))
+    # m_i starts finite and every row sees key 0 in tile 0, so no row ever computes inf - inf.
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale_log2)
+    p = gl.exp2(s * scale_log2 - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _prefill_gluon_kernel(
+    desc_q, desc_k, desc_v, o_ptr, seq_lens_ptr, qsl_ptr, scale_log2, stride_ot, stride_oh,
+    num_heads,
+    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    num_warps: gl.constexpr,
+):  # fmt: skip
+    # Longest query tiles first (the last tiles of a causal sequence see the most keys); axis 1
+    # walks (sequence, head) so that the programs running together share K/V in L2.
+    m0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
+    b = gl.program_id(1) // num_heads
+    h = gl.program_id(1) % num_heads
+    q_start = gl.load(qsl_ptr + b)
+    q_len = gl.load(qsl_ptr + b + 1) - q_start
+    if gl.load(seq_lens_ptr + b) != q_len:
+        return  # a cached prefix: the paged kernel's sequence
+    if m0 >= q_len:
+        return
+    end = gl.minimum(m0 + BLOCK_M, q_len)
+    n_tiles = gl.cdiv(end, BLOCK_N)
+    col = h // GROUP * HEAD_DIM
+
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [BLOCK_M, HEAD_DIM], desc_q.layout)
+    k_smem = gl.allocate_shared_memory(desc_k.dtype, [2, BLOCK_N, HEAD_DIM], desc_k.layout)
+    v_smem = gl.allocate_shared_memory(desc_v.dtype, [2, BLOCK_N, HEAD_DIM], desc_v.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+    fence_async_shared()
+
+    mbarrier.expect(q_bar, desc_q.block_type.nbytes)
+    _tma_load(desc_q, [q_start + m0, h * HEAD_DIM], q_bar, q_smem)
+    for i in gl.static_range(2):
+        _issue_kv(desc_k, k_smem, k_bars, i, q_start, col, n_tiles, BLOCK_N)
+        _issue_kv(desc_v, v_smem, v_bars, i, q_start, col, n_tiles, BLOCK_N)
+
+    offs_m = m0 + gl.arange(0, BLOCK_M, layout=row_s)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, layout=row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+
+    # Tile 0: its scores alone (no values in flight yet).
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_bars.index(0), 0)
+    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False)
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0, m0, offs_m, offs_n, scale_log2, BLOCK_N)
+    _cta_barrier()  # both warpgroups have read key tile 0
+    _issue_kv(desc_k, k_smem, k_bars, 2, q_start, col, n_tiles, BLOCK_N)
+    for j in range(1, n_tiles):
+        stage = j % 2
+        prev = 1 - stage
+        mbarrier.wait(k_bars.index(stage), (j // 2) & 1)
+        s_tok = warpgroup_mma(
+            q_smem, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True
+        )
+        mbarrier.wait(v_bars.index(prev), ((j - 1) // 2) & 1)
+        o_tok = warpgroup_mma(
+            gl.convert_layout(p.to(desc_v.dtype), p_layout), v_smem.index(prev), acc,
+            is_async=True,
+        )  # fmt: skip
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        p, alpha, m_i, l_i = _softmax(
+            s, m_i, l_i, j * BLOCK_N, m0, offs_m, offs_n, scale_log2, BLOCK_N
+        )  # fmt: skip
+        acc = warpgroup_mma_wait(0, deps=[o_tok])
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        # Key tile j and value tile j - 1 are read by both warpgroups now: refill their stages.
+        _cta_barrier()
+        _issue_kv(desc_k, k_smem, k_bars, j + 2, q_start, col, n_tiles, BLOCK_N)
+        _issue_kv(desc_v, v_smem, v_bars, j + 1, q_start, col, n_tiles, BLOCK_N)
+    last = n_tiles - 1
+    mbarrier.wait(v_bars.index(last % 2), (last // 2) & 1)
+    p_op = gl.convert_layout(p.to(desc_v.dtype), p_layout)
+    acc = warpgroup_mma(p_op, v_smem.index(last % 2), acc)
+
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(2):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+    out = acc / gl.convert_layout(l_i, row_o)[:, None]
+    rows_o = m0 + gl.arange(0, BLOCK_M, layout=row_o)
+    dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    o_off = (q_start + rows_o).to(gl.int64)[:, None] * stride_ot + h * stride_oh + dims[None, :]
+    gl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(rows_o < end)[:, None])
+
+
+# Key tile rows per head dim: at d128, two stages of 128-row K and V tiles and the query tile
+# take 160 KB of shared memory.
+BLOCK_N = {64: 128, 128: 128}
+
+
+def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
+    """A 2-D descriptor over ``[tokens, heads * head_dim]`` of a ``[tokens, heads, head_dim]``
+    view, one head of ``block_rows`` tokens per box."""
+    tokens, heads, dim = t.shape
+    block = [block_rows, dim]
+    dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+    return TensorDescriptor(t, [tokens, heads * dim], [t.stride(0), 1], block, layout)
+
+
+def attend_fresh(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    max_query_len: int,
+    out: torch.Tensor,
+    block_n: int | None = None,
+) -> None:
+    """``paged_attention_prefill_tma.attend_fresh``'s contract, on a Hopper GPU."""
+    tokens, num_heads, head_dim = q.shape
+    batch = seq_lens.shape[0]
+    if tokens == 0 or batch == 0 or max_query_len == 0:
+        return
+    block_n = block_n or BLOCK_N[head_dim]
+    assert BLOCK_M % block_n == 0, "query tiles must start on key tile boundaries"
+    grid = (triton.cdiv(max_query_len, BLOCK_M), batch * num_heads)
+    _prefill_gluon_kernel[grid](
+        _descriptor(q, BLOCK_M), _descriptor(k_new, block_n), _descriptor(v_new, block_n), out,
+        seq_lens, query_start_loc, scale * _LOG2E, out.stride(0), out.stride(1), num_heads,
+        GROUP=num_heads // k_new.shape[1], HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=block_n,
+        num_warps=NUM_WARPS,
+    )  # fmt: skip
