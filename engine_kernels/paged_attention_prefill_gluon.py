@@ -170,9 +170,140 @@ def _prefill_gluon_kernel(
     gl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(rows_o < end)[:, None])
 
 
+@gluon.jit
+def _ws_load(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free,
+             v_free, q_row, q_col, kv_row, col, n_tiles, BLOCK_N: gl.constexpr):  # fmt: skip
+    """The loader warp: the query tile once, then key and value tiles into two stages each, a
+    stage refilled once both consumers have released it."""
+    mbarrier.expect(q_bar, desc_q.block_type.nbytes)
+    _tma_load(desc_q, [q_row, q_col], q_bar, q_smem)
+    for j in range(n_tiles):
+        stage = j % 2
+        mbarrier.wait(k_free.index(stage), ((j - 2) // 2) & 1, pred=j >= 2)
+        mbarrier.expect(k_ready.index(stage), desc_k.block_type.nbytes)
+        _tma_load(desc_k, [kv_row + j * BLOCK_N, col], k_ready.index(stage), k_smem.index(stage))
+        mbarrier.wait(v_free.index(stage), ((j - 2) // 2) & 1, pred=j >= 2)
+        mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes)
+        _tma_load(desc_v, [kv_row + j * BLOCK_N, col], v_ready.index(stage), v_smem.index(stage))
+
+
+@gluon.jit
+def _ws_consume(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free, o_ptr,
+                scale_log2, stride_ot, stride_oh, q_start, h, row0, end, n_tiles,
+                HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+    """One consumer warpgroup: 64 query rows from ``row0``, the overlapped loop of the module
+    docstring, each stage released as soon as its last reader finished."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q_half = q_smem.slice(HALF * 64, 64)
+    offs_m = row0 + gl.arange(0, 64, layout=row_s)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    m_i = gl.full([64], -1.0e30, gl.float32, layout=row_s)
+    l_i = gl.zeros([64], gl.float32, layout=row_s)
+    acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
+
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(q_half, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False)
+    mbarrier.arrive(k_free.index(0), count=1)
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0, row0, offs_m, offs_n, scale_log2, BLOCK_N)
+    for j in range(1, n_tiles):
+        stage = j % 2
+        prev = 1 - stage
+        mbarrier.wait(k_ready.index(stage), (j // 2) & 1)
+        s_tok = warpgroup_mma(
+            q_half, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True
+        )
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // 2) & 1)
+        o_tok = warpgroup_mma(
+            gl.convert_layout(p.to(v_smem.dtype), p_layout), v_smem.index(prev), acc,
+            is_async=True,
+        )  # fmt: skip
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        mbarrier.arrive(k_free.index(stage), count=1)
+        p, alpha, m_i, l_i = _softmax(
+            s, m_i, l_i, j * BLOCK_N, row0, offs_m, offs_n, scale_log2, BLOCK_N
+        )  # fmt: skip
+        acc = warpgroup_mma_wait(0, deps=[o_tok])
+        mbarrier.arrive(v_free.index(prev), count=1)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+    last = n_tiles - 1
+    mbarrier.wait(v_ready.index(last % 2), (last // 2) & 1)
+    p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+    acc = warpgroup_mma(p_op, v_smem.index(last % 2), acc)
+    out = acc / gl.convert_layout(l_i, row_o)[:, None]
+    rows_o = row0 + gl.arange(0, 64, layout=row_o)
+    dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    o_off = (q_start + rows_o).to(gl.int64)[:, None] * stride_ot + h * stride_oh + dims[None, :]
+    gl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(rows_o < end)[:, None])
+
+
+@gluon.jit
+def _prefill_gluon_ws_kernel(
+    desc_q, desc_k, desc_v, o_ptr, seq_lens_ptr, qsl_ptr, scale_log2, stride_ot, stride_oh,
+    num_heads,
+    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
+):  # fmt: skip
+    """Warp-specialised: a loader warp and two consumer warpgroups of 64 rows each that share
+    nothing but the K/V stages, so that one's softmax overlaps the other's matrix products (no
+    CTA-wide barrier keeps them in step)."""
+    m0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
+    b = gl.program_id(1) // num_heads
+    h = gl.program_id(1) % num_heads
+    q_start = gl.load(qsl_ptr + b)
+    q_len = gl.load(qsl_ptr + b + 1) - q_start
+    if gl.load(seq_lens_ptr + b) != q_len:
+        return
+    if m0 >= q_len:
+        return
+    end = gl.minimum(m0 + BLOCK_M, q_len)
+    n_tiles = gl.cdiv(end, BLOCK_N)
+    col = h // GROUP * HEAD_DIM
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [BLOCK_M, HEAD_DIM], desc_q.layout)
+    k_smem = gl.allocate_shared_memory(desc_k.dtype, [2, BLOCK_N, HEAD_DIM], desc_k.layout)
+    v_smem = gl.allocate_shared_memory(desc_v.dtype, [2, BLOCK_N, HEAD_DIM], desc_v.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    v_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_free.index(i), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(v_free.index(i), count=2)
+    fence_async_shared()
+    gl.warp_specialize(
+        [
+            (_ws_consume, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
+                           o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0, end,
+                           n_tiles, 0, HEAD_DIM, BLOCK_N)),
+            (_ws_consume, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
+                           o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0 + 64, end,
+                           n_tiles, 1, HEAD_DIM, BLOCK_N)),
+            (_ws_load, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready,
+                        v_ready, k_free, v_free, q_start + m0, h * HEAD_DIM, q_start, col,
+                        n_tiles, BLOCK_N)),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, 24],
+    )  # fmt: skip
+
+
 # Key tile rows per head dim: at d128, two stages of 128-row K and V tiles and the query tile
 # take 160 KB of shared memory.
 BLOCK_N = {64: 128, 128: 128}
+WS_CONSUMER_REGS = 240
 
 
 def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
@@ -196,8 +327,10 @@ def attend_fresh(
     max_query_len: int,
     out: torch.Tensor,
     block_n: int | None = None,
+    warp_specialize: bool = False,
 ) -> None:
-    """``paged_attention_prefill_tma.attend_fresh``'s contract, on a Hopper GPU."""
+    """``paged_attention_prefill_tma.attend_fresh``'s contract, on a Hopper GPU;
+    ``warp_specialize``: the loader-warp kernel with independent consumer warpgroups."""
     tokens, num_heads, head_dim = q.shape
     batch = seq_lens.shape[0]
     if tokens == 0 or batch == 0 or max_query_len == 0:
@@ -205,6 +338,14 @@ def attend_fresh(
     block_n = block_n or BLOCK_N[head_dim]
     assert BLOCK_M % block_n == 0, "query tiles must start on key tile boundaries"
     grid = (triton.cdiv(max_query_len, BLOCK_M), batch * num_heads)
+    if warp_specialize:
+        _prefill_gluon_ws_kernel[grid](
+            _descriptor(q, BLOCK_M), _descriptor(k_new, block_n), _descriptor(v_new, block_n),
+            out, seq_lens, query_start_loc, scale * _LOG2E, out.stride(0), out.stride(1),
+            num_heads, GROUP=num_heads // k_new.shape[1], HEAD_DIM=head_dim, BLOCK_M=BLOCK_M,
+            BLOCK_N=block_n, CONSUMER_REGS=WS_CONSUMER_REGS, num_warps=4,
+        )  # fmt: skip
+        return
     _prefill_gluon_kernel[grid](
         _descriptor(q, BLOCK_M), _descriptor(k_new, block_n), _descriptor(v_new, block_n), out,
         seq_lens, query_start_loc, scale * _LOG2E, out.stride(0), out.stride(1), num_heads,

@@ -100,8 +100,10 @@ def _cfg(
             "gluon": gluon}  # fmt: skip
 
 
-def _gluon_cfg(block_n: int) -> dict:
-    return _cfg(128, block_n, 8, 2, 0, 1, gluon=1)
+def _gluon_cfg(block_n: int, ws: int = 0) -> dict:
+    """gluon=1: one partition of 8 warps; gluon=2: warp-specialised (a loader warp, two
+    consumer warpgroups)."""
+    return _cfg(128, block_n, 4 if ws else 8, 2, 0, 1, gluon=2 if ws else 1)
 
 
 # Per head dim, the fastest of an H100 sweep (d128 2026-12-05, d64 with the diagonal peeled
@@ -113,10 +115,10 @@ CUDA_CONFIGS = {64: _cfg(128, 64, 4, 3, 0, 1), 128: _cfg(128, 128, 4, 2, 1)}
 CANDIDATE_CONFIGS = {
     64: [_cfg(128, 64, 4, 3, 0, 1), _cfg(128, 64, 4, 3, 0), _cfg(128, 128, 4, 2, 1),
          _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 64, 4, 4, 0, 1), _cfg(64, 64, 4, 2, 0, 1),
-         _gluon_cfg(128), _gluon_cfg(64)],
+         _gluon_cfg(128), _gluon_cfg(64), _gluon_cfg(128, 1), _gluon_cfg(64, 1)],
     128: [_cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1), _cfg(128, 64, 8, 3, 0),
           _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 128, 8, 3, 0, 1), _gluon_cfg(128),
-          _gluon_cfg(64)],
+          _gluon_cfg(64), _gluon_cfg(128, 1), _gluon_cfg(64, 1)],
 }  # fmt: skip
 # Warp-specialised with three stages, every candidate left rows NaN on an H100 (Triton 3.6,
 # 2026-12-05: the CUDA kernel tests); two stages were right.
@@ -200,10 +202,12 @@ def attend_fresh(
 
         if not q.is_cuda:
             raise ValueError("the Gluon prefill kernel runs on CUDA only (no interpreter)")
-        if cfg != _gluon_cfg(block_n):
-            raise ValueError(f"the Gluon prefill kernel's tile is fixed: {_gluon_cfg(block_n)}")
+        ws = cfg["gluon"] == 2
+        if cfg != _gluon_cfg(block_n, ws):
+            raise ValueError(f"the Gluon prefill kernel's tile is fixed: {_gluon_cfg(block_n, ws)}")
         gluon.attend_fresh(q, k_new, v_new, seq_lens, query_start_loc, scale,
-                           max_query_len=max_query_len, out=out, block_n=block_n)  # fmt: skip
+                           max_query_len=max_query_len, out=out, block_n=block_n,
+                           warp_specialize=ws)  # fmt: skip
         return
     grid = (triton.cdiv(max_query_len, block_m), batch * num_heads)
     triton.set_allocator(_scratch)  # per call: the allocator is a context variable (per thread)

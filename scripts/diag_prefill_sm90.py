@@ -37,7 +37,7 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 
 def compile_config(head_dim: int, cfg: dict):
     if cfg.get("gluon"):
-        return compile_gluon(head_dim, cfg["block_n"])
+        return compile_gluon(head_dim, cfg["block_n"], cfg["gluon"] == 2)
     bm, bn = cfg["block_m"], cfg["block_n"]
     signature = {
         "q_ptr": "*bf16", "tokens": "i32", "stride_qt": "i32",
@@ -58,7 +58,7 @@ def compile_config(head_dim: int, cfg: dict):
     return kernel
 
 
-def compile_gluon(head_dim: int, block_n: int):
+def compile_gluon(head_dim: int, block_n: int, warp_specialize: bool):
     """``paged_attention_prefill_gluon``'s kernel; its descriptors' types name their layouts."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -74,13 +74,18 @@ def compile_gluon(head_dim: int, block_n: int):
         "o_ptr": "*bf16", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32", "scale_log2": "fp32",
         "stride_ot": "i32", "stride_oh": "i32", "num_heads": "i32",
     }  # fmt: skip
-    constants = {"GROUP": 2, "HEAD_DIM": head_dim, "BLOCK_M": glu.BLOCK_M, "BLOCK_N": block_n,
-                 "num_warps": glu.NUM_WARPS}  # fmt: skip
+    constants = {"GROUP": 2, "HEAD_DIM": head_dim, "BLOCK_M": glu.BLOCK_M, "BLOCK_N": block_n}
+    if warp_specialize:
+        kernel, num_warps = glu._prefill_gluon_ws_kernel, 4
+        constants["CONSUMER_REGS"] = glu.WS_CONSUMER_REGS
+    else:
+        kernel, num_warps = glu._prefill_gluon_kernel, glu.NUM_WARPS
+        constants["num_warps"] = num_warps
     signature.update(dict.fromkeys(constants, "constexpr"))
     return triton.compile(
-        GluonASTSource(glu._prefill_gluon_kernel, signature, constants),
+        GluonASTSource(kernel, signature, constants),
         target=GPUTarget("cuda", 90, 128),
-        options={"num_warps": glu.NUM_WARPS},
+        options={"num_warps": num_warps},
     )
 
 
