@@ -112,13 +112,15 @@ def _gluon_cfg(block_n: int, ws: int = 0) -> dict:
 # producer and a second consumer), and three stages of 128 x 128 tiles at d128 exceed the 227 KB
 # of shared memory.
 CUDA_CONFIGS = {64: _cfg(128, 64, 4, 3, 0, 1), 128: _cfg(128, 128, 4, 2, 1)}
+# The warp-specialised Gluon kernel (_gluon_cfg(n, 1)) is not a candidate until a GPU run shows
+# it returns right: never run on a GPU yet (2026-12-06), a hang would stop the CUDA test suite.
 CANDIDATE_CONFIGS = {
     64: [_cfg(128, 64, 4, 3, 0, 1), _cfg(128, 64, 4, 3, 0), _cfg(128, 128, 4, 2, 1),
          _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 64, 4, 4, 0, 1), _cfg(64, 64, 4, 2, 0, 1),
-         _gluon_cfg(128), _gluon_cfg(64), _gluon_cfg(128, 1), _gluon_cfg(64, 1)],
+         _gluon_cfg(128), _gluon_cfg(64)],
     128: [_cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1), _cfg(128, 64, 8, 3, 0),
           _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 128, 8, 3, 0, 1), _gluon_cfg(128),
-          _gluon_cfg(64), _gluon_cfg(128, 1), _gluon_cfg(64, 1)],
+          _gluon_cfg(64)],
 }  # fmt: skip
 # Warp-specialised with three stages, every candidate left rows NaN on an H100 (Triton 3.6,
 # 2026-12-05: the CUDA kernel tests); two stages were right.
