@@ -69,20 +69,40 @@ def _softmax(s, m_i, l_i, n0, m0, offs_m, offs_n, scale_log2, BLOCK_N: gl.conste
 
 
 @gluon.jit
+def _program_tile(seq_lens_ptr, qsl_ptr, num_heads, BLOCK_M: gl.constexpr):
+    """This program's query tile: (first row m0, head h, q_start, q_len, seq_len; a sequence
+    with a cached prefix, seq_len > q_len, is the paged kernel's). Longest query tiles first
+    (the last tiles of a causal sequence see the most keys); axis 1 walks (sequence, head) so
+    that the programs running together share K/V in L2."""
+    m0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
+    b = gl.program_id(1) // num_heads
+    h = gl.program_id(1) % num_heads
+    q_start = gl.load(qsl_ptr + b)
+    q_len = gl.load(qsl_ptr + b + 1) - q_start
+    return m0, h, q_start, q_len, gl.load(seq_lens_ptr + b)
+
+
+@gluon.jit
+def _store_rows(acc, l_i, o_ptr, q_start, row0, end, h, stride_ot, stride_oh,
+                ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):  # fmt: skip
+    """The normalised output of ``ROWS`` query rows from ``row0``, those before ``end``."""
+    o_layout: gl.constexpr = acc.type.layout
+    out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+    rows_o = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+    dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    o_off = (q_start + rows_o).to(gl.int64)[:, None] * stride_ot + h * stride_oh + dims[None, :]
+    gl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(rows_o < end)[:, None])
+
+
+@gluon.jit
 def _prefill_gluon_kernel(
     desc_q, desc_k, desc_v, o_ptr, seq_lens_ptr, qsl_ptr, scale_log2, stride_ot, stride_oh,
     num_heads,
     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     num_warps: gl.constexpr,
 ):  # fmt: skip
-    # Longest query tiles first (the last tiles of a causal sequence see the most keys); axis 1
-    # walks (sequence, head) so that the programs running together share K/V in L2.
-    m0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
-    b = gl.program_id(1) // num_heads
-    h = gl.program_id(1) % num_heads
-    q_start = gl.load(qsl_ptr + b)
-    q_len = gl.load(qsl_ptr + b + 1) - q_start
-    if gl.load(seq_lens_ptr + b) != q_len:
+    m0, h, q_start, q_len, seq_len = _program_tile(seq_lens_ptr, qsl_ptr, num_heads, BLOCK_M)
+    if seq_len != q_len:
         return  # a cached prefix: the paged kernel's sequence
     if m0 >= q_len:
         return
@@ -163,11 +183,7 @@ def _prefill_gluon_kernel(
     for i in gl.static_range(2):
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
-    out = acc / gl.convert_layout(l_i, row_o)[:, None]
-    rows_o = m0 + gl.arange(0, BLOCK_M, layout=row_o)
-    dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    o_off = (q_start + rows_o).to(gl.int64)[:, None] * stride_ot + h * stride_oh + dims[None, :]
-    gl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(rows_o < end)[:, None])
+    _store_rows(acc, l_i, o_ptr, q_start, m0, end, h, stride_ot, stride_oh, BLOCK_M, HEAD_DIM)
 
 
 @gluon.jit
@@ -239,11 +255,7 @@ def _ws_consume(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
     mbarrier.wait(v_ready.index(last % 2), (last // 2) & 1)
     p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
     acc = warpgroup_mma(p_op, v_smem.index(last % 2), acc)
-    out = acc / gl.convert_layout(l_i, row_o)[:, None]
-    rows_o = row0 + gl.arange(0, 64, layout=row_o)
-    dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    o_off = (q_start + rows_o).to(gl.int64)[:, None] * stride_ot + h * stride_oh + dims[None, :]
-    gl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(rows_o < end)[:, None])
+    _store_rows(acc, l_i, o_ptr, q_start, row0, end, h, stride_ot, stride_oh, 64, HEAD_DIM)
 
 
 @gluon.jit
@@ -256,13 +268,9 @@ def _prefill_gluon_ws_kernel(
     """Warp-specialised: a loader warp and two consumer warpgroups of 64 rows each that share
     nothing but the K/V stages, so that one's softmax overlaps the other's matrix products (no
     CTA-wide barrier keeps them in step)."""
-    m0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
-    b = gl.program_id(1) // num_heads
-    h = gl.program_id(1) % num_heads
-    q_start = gl.load(qsl_ptr + b)
-    q_len = gl.load(qsl_ptr + b + 1) - q_start
-    if gl.load(seq_lens_ptr + b) != q_len:
-        return
+    m0, h, q_start, q_len, seq_len = _program_tile(seq_lens_ptr, qsl_ptr, num_heads, BLOCK_M)
+    if seq_len != q_len:
+        return  # a cached prefix: the paged kernel's sequence
     if m0 >= q_len:
         return
     end = gl.minimum(m0 + BLOCK_M, q_len)
@@ -300,9 +308,6 @@ def _prefill_gluon_ws_kernel(
     )  # fmt: skip
 
 
-# Key tile rows per head dim: at d128, two stages of 128-row K and V tiles and the query tile
-# take 160 KB of shared memory.
-BLOCK_N = {64: 128, 128: 128}
 WS_CONSUMER_REGS = 240
 
 
@@ -326,29 +331,22 @@ def attend_fresh(
     *,
     max_query_len: int,
     out: torch.Tensor,
-    block_n: int | None = None,
-    warp_specialize: bool = False,
+    block_n: int,
+    warp_specialize: bool,
 ) -> None:
-    """``paged_attention_prefill_tma.attend_fresh``'s contract, on a Hopper GPU;
-    ``warp_specialize``: the loader-warp kernel with independent consumer warpgroups."""
+    """The kernels' launch for ``paged_attention_prefill_tma.attend_fresh`` (``gluon`` in its
+    configuration), which checks the inputs and the tile; ``warp_specialize``: the loader-warp
+    kernel with independent consumer warpgroups."""
     tokens, num_heads, head_dim = q.shape
-    batch = seq_lens.shape[0]
-    if tokens == 0 or batch == 0 or max_query_len == 0:
-        return
-    block_n = block_n or BLOCK_N[head_dim]
-    assert BLOCK_M % block_n == 0, "query tiles must start on key tile boundaries"
-    grid = (triton.cdiv(max_query_len, BLOCK_M), batch * num_heads)
     if warp_specialize:
-        _prefill_gluon_ws_kernel[grid](
-            _descriptor(q, BLOCK_M), _descriptor(k_new, block_n), _descriptor(v_new, block_n),
-            out, seq_lens, query_start_loc, scale * _LOG2E, out.stride(0), out.stride(1),
-            num_heads, GROUP=num_heads // k_new.shape[1], HEAD_DIM=head_dim, BLOCK_M=BLOCK_M,
-            BLOCK_N=block_n, CONSUMER_REGS=WS_CONSUMER_REGS, num_warps=4,
-        )  # fmt: skip
-        return
-    _prefill_gluon_kernel[grid](
+        kernel, options = _prefill_gluon_ws_kernel, {"CONSUMER_REGS": WS_CONSUMER_REGS}
+        num_warps = 4  # the first consumer; the second and the loader are the partitions'
+    else:
+        kernel, options, num_warps = _prefill_gluon_kernel, {}, NUM_WARPS
+    grid = (triton.cdiv(max_query_len, BLOCK_M), seq_lens.shape[0] * num_heads)
+    kernel[grid](
         _descriptor(q, BLOCK_M), _descriptor(k_new, block_n), _descriptor(v_new, block_n), out,
         seq_lens, query_start_loc, scale * _LOG2E, out.stride(0), out.stride(1), num_heads,
         GROUP=num_heads // k_new.shape[1], HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=block_n,
-        num_warps=NUM_WARPS,
+        num_warps=num_warps, **options,
     )  # fmt: skip

@@ -93,8 +93,8 @@ def _cfg(
     block_m: int, block_n: int, num_warps: int, num_stages: int, ws: int, peel: int = 0,
     gluon: int = 0,
 ) -> dict:  # fmt: skip
-    """``gluon``: run ``paged_attention_prefill_gluon``'s kernel instead (CUDA only; its tile
-    and pipeline are fixed: 128 query rows on 8 warps, two stages, the diagonal peeled)."""
+    """``gluon``: run one of ``paged_attention_prefill_gluon``'s kernels instead (CUDA only;
+    their tile and pipeline are fixed, ``_gluon_cfg``)."""
     return {"block_m": block_m, "block_n": block_n, "num_warps": num_warps,
             "num_stages": num_stages, "warp_specialize": ws, "peel": peel,
             "gluon": gluon}  # fmt: skip
