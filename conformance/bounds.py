@@ -14,3 +14,12 @@ ABORT_STEPS = 3
 # the server's event loop has to notice (a read that ends, a write that fails) before it can
 # abort, while the engine goes on stepping (a step of a tiny model takes about a millisecond).
 ABORT_STEPS_OVER_HTTP = 8
+
+# Attempts of one abort-promptness case before its overshoot counts. The bounds above are a few
+# milliseconds of a tiny model's steps, and on a loaded 2-core machine the threads that deliver
+# an abort (the client's, the server's event loop) can wait that long for a core while the
+# engine steps on (2026-12-06: CI failed at 9 steps in process and 99 over HTTP; locally 4 of 6
+# runs of the module against a server had one case at 9 to 78 steps). An engine late by design is
+# late in every attempt; one that never applied the abort is not retried (its request ran on to
+# its max_tokens).
+ABORT_ATTEMPTS = 3

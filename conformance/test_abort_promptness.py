@@ -13,8 +13,13 @@ first output, in a chunked prefill, mid-decode, on its last step), the engine ru
 ``adapter.abort_steps`` steps after the abort is issued (``bounds.ABORT_STEPS``, 3, in process;
 ``bounds.ABORT_STEPS_OVER_HTTP``, 8, through a server), and generates at most that many tokens;
 the request's KV blocks are free in the first observation in which it has left. The request
-runs alone (behind one blocker when queued) with room to generate up to the model's length, so
-an engine that does not abort is still decoding when the check comes.
+runs alone (behind one blocker when queued, the blocker aborted together with it) with room to
+generate up to the model's length, so an engine that does not abort is still decoding when the
+check comes. A case over the bound is run again with fresh prompts, up to
+``bounds.ABORT_ATTEMPTS`` (3) times, and fails only if every attempt is over it: a few steps of
+a tiny model are a few milliseconds, which a loaded machine's scheduler can take from the threads
+that deliver the abort; an engine late by design is late every time. A request that ran on to
+its ``max_tokens`` (an abort never applied) fails at once.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 import pytest
 
 from conformance.aio import async_wait_until
+from conformance.bounds import ABORT_ATTEMPTS
 from conformance.scenarios import (
     PROMPT_S,
     Stream,
@@ -177,10 +183,10 @@ def test_the_request_leaves_within_the_step_bound(
     baseline = online_baseline if engine is online else adapter.kv_state(engine)
     by_hand = how in ("aclose", "drop")
 
-    async def scenario() -> Any:
-        # Prompts of this case's own: a prompt cached by an earlier case would start with a
-        # prefix hit (a shorter prefill, and the leaked blocks of a failed case reused).
-        seed = 2 * CASES.index((how, when))
+    async def scenario(attempt: int) -> tuple[Any, int]:
+        # Prompts of this attempt's own: a prompt cached by an earlier case or attempt would
+        # start with a prefix hit (a shorter prefill, and the leaked blocks of a failed one reused).
+        seed = 2 * (CASES.index((how, when)) + attempt * len(CASES))
         blocker = None
         if when == "queued":
             first = shape.tokens(8, seed + 1)
@@ -192,10 +198,12 @@ def test_the_request_leaves_within_the_step_bound(
         else:
             prompt = shape.tokens(8, seed)
         if when == "last_step":
+            max_tokens = LAST_STEP_TOKENS
             params = adapter.sampling_params(
-                "DELTA", temperature=0.0, ignore_eos=True, max_tokens=LAST_STEP_TOKENS
+                "DELTA", temperature=0.0, ignore_eos=True, max_tokens=max_tokens
             )
         else:
+            max_tokens = shape.room(prompt)
             params = endless(adapter, shape, prompt)
         victim = Victim(engine, prompt, params, by_hand, last_step=when == "last_step")
         victim.start()
@@ -222,26 +230,40 @@ def test_the_request_leaves_within_the_step_bound(
         issue = victim.way_to_abort(how)
 
         async def abort_all() -> None:
-            await issue()
-            if blocker is not None:
-                await engine.abort(blocker.stream.request_id)
+            # The blocker's abort goes with the victim's, not a round trip after it: the steps
+            # it would wait for are the harness's, not the engine's.
+            if blocker is None:
+                await issue()
+            else:
+                await asyncio.gather(issue(), engine.abort(blocker.stream.request_id))
 
         work = await progress_after(adapter, engine, baseline, abort_all, f"{how} ({when})")
         await victim.check_end(adapter, how)
         if when == "queued":
             assert not victim.tokens, "the queued victim ran after its abort"
-        return work
+        return work, max_tokens
 
-    work = aio.run(scenario())
     bound = adapter.abort_steps
-    measure("abort promptness (steps)", work.steps, bound)
-    measure("abort promptness (tokens)", work.generated_tokens, bound)
+    overshoots = []
+    for attempt in range(ABORT_ATTEMPTS):
+        work, max_tokens = aio.run(scenario(attempt))
+        measure("abort promptness (steps)", work.steps, bound)
+        measure("abort promptness (tokens)", work.generated_tokens, bound)
+        over = max(work.steps or 0, work.generated_tokens) > bound
+        if not over:
+            return
+        overshoots.append(work)
+        if work.generated_tokens >= max_tokens // 2:
+            break  # it ran on to its max_tokens: the abort was never applied, no scheduler's delay
+    attempts = ", ".join(f"{w.steps} steps / {w.generated_tokens} tokens" for w in overshoots)
+    work = overshoots[-1]
     if work.steps is not None:
         assert work.steps <= bound, (
             f"{how} ({when}): the engine ran {work.steps} steps after the abort "
-            f"(bound {bound}) and generated {work.generated_tokens} tokens"
+            f"(bound {bound}) and generated {work.generated_tokens} tokens "
+            f"(attempts: {attempts})"
         )
     assert work.generated_tokens <= bound, (
         f"{how} ({when}): the engine generated {work.generated_tokens} tokens after the abort "
-        f"(bound {bound})"
+        f"(bound {bound}; attempts: {attempts})"
     )
