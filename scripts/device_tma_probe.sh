@@ -4,7 +4,10 @@
 # limit, all at once: a hung kernel never gives control back). TIME=1 then times, one at a time,
 # each that did on the kernel benchmark's prefill shape against the fastest SDPA backend (the
 # benchmark's --sweep times them in one process, which a hang would stop). LIMIT: seconds per
-# probe. Exits 0 when the kernel's defaults (CUDA_CONFIGS) returned right on every probe.
+# probe. PROBE: configurations to probe instead of the candidates, ';'-separated lines of the
+# probe's 8 ints (one not yet a candidate, such as the warp-specialised Gluon kernel's
+# "128 128 128 4 2 0 1 2"). Exits 0 when the kernel's defaults (CUDA_CONFIGS), or with PROBE
+# every configuration named, returned right on every probe.
 set -uo pipefail
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ENGINE_KERNELS_TMA_PREFILL=1
 LIMIT="${LIMIT:-90}"
@@ -15,8 +18,13 @@ for d, cl in sorted(cs.items()):
     for c in cl if isinstance(cl, list) else [cl]:
         print(d, *(c[k] for k in ('block_m', 'block_n', 'num_warps', 'num_stages', 'warp_specialize', 'peel', 'gluon')))"
 }
-mapfile -t CONFIGS < <(configs CANDIDATE_CONFIGS)
-mapfile -t DEFAULTS < <(configs CUDA_CONFIGS)
+if [ -n "${PROBE:-}" ]; then
+  IFS=';' read -ra CONFIGS <<< "$PROBE"
+  DEFAULTS=("${CONFIGS[@]}")
+else
+  mapfile -t CONFIGS < <(configs CANDIDATE_CONFIGS)
+  mapfile -t DEFAULTS < <(configs CUDA_CONFIGS)
+fi
 dir=$(mktemp -d)
 for i in "${!CONFIGS[@]}"; do
   for lens in 512 512,100; do  # 512,100: programs with no key tile, as in the engine's steps
