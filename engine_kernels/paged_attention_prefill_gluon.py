@@ -38,8 +38,7 @@ from engine_kernels.paged_attention_prefill import _LOG2E
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
-BLOCK_M = 128
-NUM_WARPS = 8
+NUM_WARPS = 8  # the one-partition kernel's, on 128 rows
 
 
 @gluon.jit
@@ -188,11 +187,13 @@ def _prefill_gluon_kernel(
 
 @gluon.jit
 def _ws_load(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free,
-             v_free, q_row, q_col, kv_row, col, n_tiles, BLOCK_N: gl.constexpr):  # fmt: skip
-    """The loader warp: the query tile once, then key and value tiles into two stages each, a
-    stage refilled once both consumers have released it."""
-    mbarrier.expect(q_bar, desc_q.block_type.nbytes)
-    _tma_load(desc_q, [q_row, q_col], q_bar, q_smem)
+             v_free, q_row, q_col, kv_row, col, n_tiles, CONSUMERS: gl.constexpr,
+             BLOCK_N: gl.constexpr):  # fmt: skip
+    """The loader warp: each consumer's 64 query rows once, then key and value tiles into two
+    stages each, a stage refilled once every consumer has released it."""
+    mbarrier.expect(q_bar, CONSUMERS * desc_q.block_type.nbytes)
+    for part in gl.static_range(CONSUMERS):
+        _tma_load(desc_q, [q_row + part * 64, q_col], q_bar, q_smem.index(part))
     for j in range(n_tiles):
         stage = j % 2
         mbarrier.wait(k_free.index(stage), ((j - 2) // 2) & 1, pred=j >= 2)
@@ -205,10 +206,12 @@ def _ws_load(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_r
 
 @gluon.jit
 def _ws_consume(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free, o_ptr,
-                scale_log2, stride_ot, stride_oh, q_start, h, row0, end, n_tiles,
-                HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
-    """One consumer warpgroup: 64 query rows from ``row0``, the overlapped loop of the module
-    docstring, each stage released as soon as its last reader finished."""
+                scale_log2, stride_ot, stride_oh, q_start, h, m0, end, n_tiles,
+                PART: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+    """Consumer warpgroup ``PART``: the 64 query rows from ``m0 + 64 * PART``, the overlapped
+    loop of the module docstring, each stage released as soon as its last reader finished.
+    Every consumer walks every key tile of the program (the stages are released by all of them);
+    the tiles past its rows are masked whole."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
     )
@@ -218,7 +221,8 @@ def _ws_consume(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    q_half = q_smem.slice(HALF * 64, 64)
+    row0 = m0 + PART * 64
+    q_rows = q_smem.index(PART)
     offs_m = row0 + gl.arange(0, 64, layout=row_s)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     m_i = gl.full([64], -1.0e30, gl.float32, layout=row_s)
@@ -228,7 +232,7 @@ def _ws_consume(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
 
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(k_ready.index(0), 0)
-    s = warpgroup_mma(q_half, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False)
+    s = warpgroup_mma(q_rows, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False)
     mbarrier.arrive(k_free.index(0), count=1)
     p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0, row0, offs_m, offs_n, scale_log2, BLOCK_N)
     for j in range(1, n_tiles):
@@ -236,7 +240,7 @@ def _ws_consume(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
         prev = 1 - stage
         mbarrier.wait(k_ready.index(stage), (j // 2) & 1)
         s_tok = warpgroup_mma(
-            q_half, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True
+            q_rows, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True
         )
         mbarrier.wait(v_ready.index(prev), ((j - 1) // 2) & 1)
         o_tok = warpgroup_mma(
@@ -265,9 +269,11 @@ def _prefill_gluon_ws_kernel(
     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
 ):  # fmt: skip
-    """Warp-specialised: a loader warp and two consumer warpgroups of 64 rows each that share
-    nothing but the K/V stages, so that one's softmax overlaps the other's matrix products (no
-    CTA-wide barrier keeps them in step)."""
+    """Warp-specialised: a loader warp and ``BLOCK_M / 64`` (2 or 3) consumer warpgroups of 64
+    rows each that share nothing but the K/V stages, so that one's softmax overlaps another's
+    matrix products (no CTA-wide barrier keeps them in step)."""
+    CONSUMERS: gl.constexpr = BLOCK_M // 64
+    Q_SLOTS: gl.constexpr = 2 if CONSUMERS == 2 else 4  # shared-memory shapes are powers of 2
     m0, h, q_start, q_len, seq_len = _program_tile(seq_lens_ptr, qsl_ptr, num_heads, BLOCK_M)
     if seq_len != q_len:
         return  # a cached prefix: the paged kernel's sequence
@@ -276,7 +282,7 @@ def _prefill_gluon_ws_kernel(
     end = gl.minimum(m0 + BLOCK_M, q_len)
     n_tiles = gl.cdiv(end, BLOCK_N)
     col = h // GROUP * HEAD_DIM
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [BLOCK_M, HEAD_DIM], desc_q.layout)
+    q_smem = gl.allocate_shared_memory(desc_q.dtype, [Q_SLOTS, 64, HEAD_DIM], desc_q.layout)
     k_smem = gl.allocate_shared_memory(desc_k.dtype, [2, BLOCK_N, HEAD_DIM], desc_k.layout)
     v_smem = gl.allocate_shared_memory(desc_v.dtype, [2, BLOCK_N, HEAD_DIM], desc_v.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -288,27 +294,51 @@ def _prefill_gluon_ws_kernel(
     for i in gl.static_range(2):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_free.index(i), count=2)  # one arrival per consumer warpgroup
-        mbarrier.init(v_free.index(i), count=2)
+        mbarrier.init(k_free.index(i), count=CONSUMERS)  # one arrival per consumer
+        mbarrier.init(v_free.index(i), count=CONSUMERS)
     fence_async_shared()
-    gl.warp_specialize(
-        [
-            (_ws_consume, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
-                           o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0, end,
-                           n_tiles, 0, HEAD_DIM, BLOCK_N)),
-            (_ws_consume, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
-                           o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0 + 64, end,
-                           n_tiles, 1, HEAD_DIM, BLOCK_N)),
-            (_ws_load, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready,
-                        v_ready, k_free, v_free, q_start + m0, h * HEAD_DIM, q_start, col,
-                        n_tiles, BLOCK_N)),
-        ],
-        [4, 1],
-        [CONSUMER_REGS, 24],
-    )  # fmt: skip
+    # Gluon takes the partitions as literal (function, arguments) pairs, hence one call each.
+    if CONSUMERS == 2:
+        gl.warp_specialize(
+            [
+                (_ws_consume, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
+                               o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0, end,
+                               n_tiles, 0, HEAD_DIM, BLOCK_N)),
+                (_ws_consume, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
+                               o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0, end,
+                               n_tiles, 1, HEAD_DIM, BLOCK_N)),
+                (_ws_load, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready,
+                            v_ready, k_free, v_free, q_start + m0, h * HEAD_DIM, q_start, col,
+                            n_tiles, CONSUMERS, BLOCK_N)),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, 24],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (_ws_consume, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
+                               o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0, end,
+                               n_tiles, 0, HEAD_DIM, BLOCK_N)),
+                (_ws_consume, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
+                               o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0, end,
+                               n_tiles, 1, HEAD_DIM, BLOCK_N)),
+                (_ws_consume, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
+                               o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0, end,
+                               n_tiles, 2, HEAD_DIM, BLOCK_N)),
+                (_ws_load, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready,
+                            v_ready, k_free, v_free, q_start + m0, h * HEAD_DIM, q_start, col,
+                            n_tiles, CONSUMERS, BLOCK_N)),
+            ],
+            [4, 4, 1],
+            [CONSUMER_REGS, CONSUMER_REGS, 24],
+        )  # fmt: skip
 
 
-WS_CONSUMER_REGS = 240
+# Registers of each consumer warpgroup after setmaxnreg, by consumers: the 64K of an SM less the
+# loader warp's 24 a thread, in multiples of 8 (the default partition, the first consumer, gets
+# what the workers leave).
+WS_CONSUMER_REGS = {2: 240, 3: 160}
 
 
 def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
@@ -331,22 +361,25 @@ def attend_fresh(
     *,
     max_query_len: int,
     out: torch.Tensor,
+    block_m: int,
     block_n: int,
     warp_specialize: bool,
 ) -> None:
     """The kernels' launch for ``paged_attention_prefill_tma.attend_fresh`` (``gluon`` in its
     configuration), which checks the inputs and the tile; ``warp_specialize``: the loader-warp
-    kernel with independent consumer warpgroups."""
+    kernel with independent consumer warpgroups, one per 64 of ``block_m``'s rows."""
     tokens, num_heads, head_dim = q.shape
+    q_box = 64 if warp_specialize else block_m  # a consumer's rows: one TMA copy each
     if warp_specialize:
-        kernel, options = _prefill_gluon_ws_kernel, {"CONSUMER_REGS": WS_CONSUMER_REGS}
-        num_warps = 4  # the first consumer; the second and the loader are the partitions'
+        kernel = _prefill_gluon_ws_kernel
+        options = {"CONSUMER_REGS": WS_CONSUMER_REGS[block_m // 64]}
+        num_warps = 4  # the first consumer; the others and the loader are the partitions'
     else:
         kernel, options, num_warps = _prefill_gluon_kernel, {}, NUM_WARPS
-    grid = (triton.cdiv(max_query_len, BLOCK_M), seq_lens.shape[0] * num_heads)
+    grid = (triton.cdiv(max_query_len, block_m), seq_lens.shape[0] * num_heads)
     kernel[grid](
-        _descriptor(q, BLOCK_M), _descriptor(k_new, block_n), _descriptor(v_new, block_n), out,
+        _descriptor(q, q_box), _descriptor(k_new, block_n), _descriptor(v_new, block_n), out,
         seq_lens, query_start_loc, scale * _LOG2E, out.stride(0), out.stride(1), num_heads,
-        GROUP=num_heads // k_new.shape[1], HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=block_n,
+        GROUP=num_heads // k_new.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         num_warps=num_warps, **options,
     )  # fmt: skip

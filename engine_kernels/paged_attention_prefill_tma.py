@@ -100,10 +100,10 @@ def _cfg(
             "gluon": gluon}  # fmt: skip
 
 
-def _gluon_cfg(block_n: int, ws: int = 0) -> dict:
-    """gluon=1: one partition of 8 warps; gluon=2: warp-specialised (a loader warp, two
-    consumer warpgroups)."""
-    return _cfg(128, block_n, 4 if ws else 8, 2, 0, 1, gluon=2 if ws else 1)
+def _gluon_cfg(block_n: int, ws: int = 0, block_m: int = 128) -> dict:
+    """gluon=1: one partition of 8 warps on 128 rows; gluon=2: warp-specialised (a loader warp
+    and a consumer warpgroup per 64 rows: ``block_m`` 128 or 192)."""
+    return _cfg(block_m, block_n, 4 if ws else 8, 2, 0, 1, gluon=2 if ws else 1)
 
 
 # Per head dim, the fastest of an H100 sweep (d128: the warp-specialised Gluon kernel, 0.95 to
@@ -118,7 +118,8 @@ INTERPRETER_CONFIGS = {64: CUDA_CONFIGS[64], 128: _cfg(128, 128, 4, 2, 1)}
 CANDIDATE_CONFIGS = {
     64: [_cfg(128, 64, 4, 3, 0, 1), _cfg(128, 64, 4, 3, 0), _cfg(128, 128, 4, 2, 1),
          _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 64, 4, 4, 0, 1), _cfg(64, 64, 4, 2, 0, 1),
-         _gluon_cfg(128), _gluon_cfg(64), _gluon_cfg(128, 1), _gluon_cfg(64, 1)],
+         _gluon_cfg(128), _gluon_cfg(64), _gluon_cfg(128, 1), _gluon_cfg(64, 1),
+         _gluon_cfg(128, 1, 192), _gluon_cfg(64, 1, 192)],
     128: [_gluon_cfg(128, 1), _gluon_cfg(64, 1), _cfg(128, 128, 4, 2, 1),
           _cfg(128, 64, 4, 2, 1), _cfg(128, 64, 8, 3, 0), _cfg(128, 64, 8, 3, 0, 1),
           _cfg(128, 128, 8, 3, 0, 1), _gluon_cfg(128), _gluon_cfg(64)],
@@ -190,7 +191,6 @@ def attend_fresh(
     defaults = CUDA_CONFIGS if q.is_cuda else INTERPRETER_CONFIGS
     cfg = {**defaults[head_dim], **(config or {})}
     block_m, block_n = cfg["block_m"], cfg["block_n"]
-    assert block_m % block_n == 0, "query tiles must start on key tile boundaries"
     if cfg["warp_specialize"] and cfg["num_stages"] > WARP_SPECIALIZED_MAX_STAGES:
         raise ValueError(
             f"warp-specialised TMA prefill with {cfg['num_stages']} stages: at most "
@@ -207,12 +207,15 @@ def attend_fresh(
         if not q.is_cuda:
             raise ValueError("the Gluon prefill kernel runs on CUDA only (no interpreter)")
         ws = cfg["gluon"] == 2
-        if cfg != _gluon_cfg(block_n, ws):
-            raise ValueError(f"the Gluon prefill kernel's tile is fixed: {_gluon_cfg(block_n, ws)}")
+        rows = (128, 192) if ws else (128,)
+        if block_m not in rows or cfg != _gluon_cfg(block_n, ws, block_m):
+            raise ValueError(f"the Gluon prefill kernel's tile is fixed: {_gluon_cfg(block_n, ws)}"
+                             f" (block_m {' or '.join(map(str, rows))})")  # fmt: skip
         gluon.attend_fresh(q, k_new, v_new, seq_lens, query_start_loc, scale,
-                           max_query_len=max_query_len, out=out, block_n=block_n,
-                           warp_specialize=ws)  # fmt: skip
+                           max_query_len=max_query_len, out=out, block_m=block_m,
+                           block_n=block_n, warp_specialize=ws)  # fmt: skip
         return
+    assert block_m % block_n == 0, "query tiles must start on key tile boundaries"
     grid = (triton.cdiv(max_query_len, block_m), batch * num_heads)
     triton.set_allocator(_scratch)  # per call: the allocator is a context variable (per thread)
     _prefill_tma_kernel[grid](
