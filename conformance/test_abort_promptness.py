@@ -18,8 +18,10 @@ generate up to the model's length, so an engine that does not abort is still dec
 check comes. A case over the bound is run again with fresh prompts, up to
 ``bounds.ABORT_ATTEMPTS`` (3) times, and fails only if every attempt is over it: a few steps of
 a tiny model are a few milliseconds, which a loaded machine's scheduler can take from the threads
-that deliver the abort; an engine late by design is late every time. A request that ran on to
-its ``max_tokens`` (an abort never applied) fails at once.
+that deliver the abort; an engine late by design is late every time. At most
+``bounds.ABORT_RETRIES`` (4) cases of a run may be retried, so an engine late only some of the
+time fails too. A request that ran on to its ``max_tokens`` (an abort never applied) fails at
+once.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 import pytest
 
 from conformance.aio import async_wait_until
-from conformance.bounds import ABORT_ATTEMPTS
+from conformance.bounds import ABORT_ATTEMPTS, ABORT_RETRIES
 from conformance.scenarios import (
     PROMPT_S,
     Stream,
@@ -56,6 +58,7 @@ CASES = [
     if how in ("abort", "abort_list", "cancel") or when in AFTER_AN_OUTPUT
 ]
 LAST_STEP_TOKENS = 6
+RETRIED: list[str] = []  # the cases of this run that needed another attempt
 
 
 @dataclass
@@ -244,18 +247,25 @@ def test_the_request_leaves_within_the_step_bound(
         return work, max_tokens
 
     bound = adapter.abort_steps
-    overshoots = []
+    overshoots, not_again = [], ""
     for attempt in range(ABORT_ATTEMPTS):
         work, max_tokens = aio.run(scenario(attempt))
         measure("abort promptness (steps)", work.steps, bound)
         measure("abort promptness (tokens)", work.generated_tokens, bound)
-        over = max(work.steps or 0, work.generated_tokens) > bound
-        if not over:
+        if max(work.steps or 0, work.generated_tokens) <= bound:
             return
         overshoots.append(work)
         if work.generated_tokens >= max_tokens // 2:
-            break  # it ran on to its max_tokens: the abort was never applied, no scheduler's delay
+            not_again = "; it ran on to its max_tokens: the abort was never applied"
+            break
+        if attempt == 0:
+            if len(RETRIED) >= ABORT_RETRIES:
+                not_again = (f"; not retried: {len(RETRIED)} cases of this run were already "
+                             f"({', '.join(RETRIED)})")  # fmt: skip
+                break
+            RETRIED.append(f"{how}-{when}")
     attempts = ", ".join(f"{w.steps} steps / {w.generated_tokens} tokens" for w in overshoots)
+    attempts += not_again
     work = overshoots[-1]
     if work.steps is not None:
         assert work.steps <= bound, (

@@ -198,6 +198,21 @@ class LateAbort(Front):
         asyncio.get_running_loop().create_task(later())
 
 
+class SometimesLateAbort(LateAbort):
+    """Every other ``abort`` lands ``LATE_STEPS`` steps late, the rest at once: an engine late
+    only some of the time (a disconnect that waits behind other work), which a retry per case
+    alone would let pass."""
+
+    calls = 0  # across the run's engines, so which aborts are late does not depend on the case
+
+    async def abort(self, request_id: Any) -> None:
+        SometimesLateAbort.calls += 1
+        if SometimesLateAbort.calls % 2:
+            await super().abort(request_id)
+        else:
+            await self.inner.abort(request_id)
+
+
 class AbortListFirstOnly(Front):
     """``abort([ids])`` aborts the first id only."""
 
@@ -506,6 +521,7 @@ def healthy(config: EngineOptions) -> ReferenceAdapter:
 
 no_abort_on_close = fault(front=NoAbortOnClose)
 late_abort = fault(front=LateAbort)
+sometimes_late_abort = fault(front=SometimesLateAbort)
 abort_list_first_only = fault(front=AbortListFirstOnly)
 queued_abort_ignored = fault(core=ignore_queued_aborts)
 leak_on_chunked_prefill_abort = fault(core=leak_on_prefill_abort, pause=0.1)

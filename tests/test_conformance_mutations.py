@@ -26,6 +26,7 @@ class Mutant:
     select: str  # pytest -k expression: the tests that must fail
     says: str  # what their failure message must say
     model: str = "tiny-llama"
+    every: bool = True  # every selected test fails; False: at least one (a per-run budget)
 
     @property
     def id(self) -> str:
@@ -38,6 +39,11 @@ MUTANTS = [
            "cancel-mid_decode or aclose-mid_decode or drop-mid_decode", "after the abort"),
     Mutant("late_abort", "test_abort_promptness.py", "abort-mid_decode or abort-queued",
            "steps after the abort"),
+    # Late in every case's first attempt, on time in its second: the run's retry budget
+    # (bounds.ABORT_RETRIES) is spent on the first cases, and the later ones fail.
+    Mutant("sometimes_late_abort", "test_abort_promptness.py",
+           "(abort- or abort_list-) and (mid_decode or before_first_output or chunked_prefill)",
+           "steps after the abort", every=False),
     Mutant("abort_list_first_only", "test_abort_promptness.py", "abort_list-mid_decode",
            "after the abort"),
     Mutant("queued_abort_ignored", "test_abort_promptness.py", "abort-queued",
@@ -119,7 +125,8 @@ def test_the_property_catches_the_fault(m: Mutant, tmp_path: Path) -> None:
     assert ran, f"nothing ran for -k {m.select!r}:\n{result['tail']}"
     caught = [t for t in ran if t["outcome"] == "failed"]
     missed = [t["test"] for t in ran if t["outcome"] != "failed"]
-    assert not missed, f"{m.fault}: these passed, expected to fail: {missed}"
+    if m.every:
+        assert not missed, f"{m.fault}: these passed, expected to fail: {missed}"
     wrong = [t for t in caught if m.says not in t["note"]]
     assert not wrong, f"{m.fault}: failed for another reason than {m.says!r}: " + "; ".join(
         f"{t['test']}: {t['note']}" for t in wrong
