@@ -16,7 +16,7 @@ from reference_engine.config import EngineArgs, EngineConfig
 from reference_engine.detokenizer import IncrementalDetokenizer
 from reference_engine.model_runner import ModelRunner, StepHandle
 from reference_engine.outputs import CompletionOutput, RequestOutput
-from reference_engine.request import Request, RequestStatus
+from reference_engine.request import Request
 from reference_engine.sampling_params import RequestOutputKind, SamplingParams
 from reference_engine.scheduler import Scheduler, SchedulerOutput
 from reference_engine.stats import EngineStats, KVCacheStats
@@ -196,7 +196,7 @@ class LLMEngine:
         num_scheduled = sched.num_scheduled_tokens
         outputs = []
         for req in sched.requests:
-            if req.status is RequestStatus.FINISHED:
+            if req.is_finished:
                 continue  # aborted, or stopped at the step before this chained one
             rid = req.request_id
             result = sampled.get(rid)
@@ -219,7 +219,7 @@ class LLMEngine:
             out = self._make_output(req)
             if out is not None:
                 outputs.append(out)
-            if req.status is RequestStatus.FINISHED:
+            if req.is_finished:
                 streams.pop(rid, None)
         return outputs
 
@@ -266,7 +266,7 @@ class LLMEngine:
 
     def _stop_by_token(self, req: Request, tok: int) -> tuple | None:
         p = req.params
-        if len(req.output_token_ids) >= p.min_tokens:
+        if req.num_output_tokens >= p.min_tokens:
             if not p.ignore_eos and tok in req.eos_token_ids:
                 return ("stop", None)
             if tok in p.stop_token_ids:

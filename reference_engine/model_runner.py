@@ -142,7 +142,7 @@ class ModelRunner:
             p.greedy
             and p.logprobs is None
             and not req.spec_token_ids
-            and len(req.output_token_ids) + tokens_ahead >= p.min_tokens
+            and req.num_output_tokens + tokens_ahead >= p.min_tokens
         )
 
     @torch.inference_mode()

@@ -90,8 +90,7 @@ class Scheduler:
                 self._propose_drafts(req)
             elif req.spec_token_ids:
                 req.spec_token_ids = []
-            uncomputed = len(req.all_token_ids) - req.num_computed_tokens
-            n = min(uncomputed + len(req.spec_token_ids), budget)
+            n = min(req.num_tokens - req.num_computed_tokens + len(req.spec_token_ids), budget)
             while not allocate(req, n):
                 victim = running.pop()
                 self._preempt(victim)
@@ -148,11 +147,11 @@ class Scheduler:
         max_model_len, in_flight_tokens = self.max_model_len, in_flight.num_scheduled_tokens
         allocate, blocks_of = self.kv_cache.allocate_slots, self.kv_cache.blocks_of
         for req in in_flight.requests:
-            if req.status is RequestStatus.FINISHED:
+            if req.is_finished:
                 continue
             rid = req.request_id
             n = in_flight_tokens[rid]
-            if req.num_computed_tokens + n < len(req.all_token_ids):
+            if req.num_computed_tokens + n < req.num_tokens:
                 return SchedulerOutput()  # a prompt chunk: nothing sampled in flight
             if req.tokens_left(max_model_len) <= 1:
                 continue  # stops at the in-flight step for sure
