@@ -72,7 +72,7 @@ def triton_available() -> bool:
 
 
 # The TMA prefill kernel is opt-in on CUDA: its first version hung on every GPU run (an H100 and
-# an H200, Triton 3.6, 2026-12-05); the fixed one and the Gluon kernels have been right on every
+# an H200, Triton 3.6, 2026-12-05); the fixed one and the Gluon kernel have been right on every
 # H100 call since (2026-12-06), but not yet on an H200, which is not enough for the default path
 # (docs/performance.md). Under the interpreter it always runs (CI covers it).
 TMA_PREFILL_OPT_IN = "ENGINE_KERNELS_TMA_PREFILL"

@@ -3,23 +3,19 @@ contract as ``paged_attention_prefill_tma.attend_fresh`` (the sequences of a ste
 prefix, keys and values read through TMA from the step's contiguous projections), with the
 overlap Triton 3.6 cannot give a ``tl.dot`` kernel.
 
-Within a warpgroup of 64 query rows, the next key tile's scores and this tile's values are in
+A loader warp and one consumer warpgroup per 64 query rows (2 or 3) share only the key and
+value stages (two each), each stage released on an mbarrier by every consumer, so one
+consumer's softmax overlaps another's matrix products (FlashAttention-3's ping-pong, left to the
+warp schedulers). Within a consumer, the next key tile's scores and this tile's values are in
 flight on the tensor cores while the softmax runs (FlashAttention-3's intra-warpgroup overlap):
 in iteration ``j`` it issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}``, waits for ``S_j``
-alone, computes ``P_j`` and the rescale, then waits for ``O``. Keys and values have two
-shared-memory stages each. Only the diagonal tiles are masked. Two kernels:
-
-- ``_prefill_gluon_kernel`` (``gluon=1``): 128 rows on two warpgroups in one partition; a CTA
-  barrier per iteration keeps a stage from being refilled while the other warpgroup still reads
-  it, so the warpgroups run in step (0.78x cuDNN at d128 on an H100).
-- ``_prefill_gluon_ws_kernel`` (``gluon=2``): warp-specialised, a loader warp and one consumer
-  warpgroup per 64 rows (2 or 3) that share only the stages, each released on an mbarrier by
-  every consumer, so one consumer's softmax overlaps another's matrix products
-  (FlashAttention-3's ping-pong, left to the warp schedulers): 0.95 to 1.00x cuDNN at d128 on an
-  H100, the TMA prefill's d128 default.
+alone, computes ``P_j`` and the rescale, then waits for ``O``. Only the diagonal tiles are
+masked. On an H100, 0.95 to 1.00x cuDNN at d128: the TMA prefill's d128 default (``gluon=2`` in
+its configuration). A one-partition version (``gluon=1``, d093b28), whose warpgroups a CTA
+barrier per iteration kept in step, reached 0.78x and was removed.
 
 GPU only (Gluon has no interpreter): ``paged_attention_prefill_tma`` stays the kernel CI runs
-and the reference these kernels are tested against on CUDA.
+and the reference this kernel is tested against on CUDA.
 """
 
 from __future__ import annotations
@@ -39,23 +35,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from engine_kernels.paged_attention_prefill import _LOG2E
 
-# Triton 3.6 (the GPU machines') names the TMA load async_copy_global_to_shared and the CTA
-# barrier thread_barrier; later versions async_load and barrier.
+# Triton 3.6 (the GPU machines') names the TMA load async_copy_global_to_shared; later
+# versions async_load.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-
-NUM_WARPS = 8  # the one-partition kernel's, on 128 rows
-
-
-@gluon.jit
-def _issue_kv(desc, smem, bars, tile, row0, col, n_tiles, BLOCK_N: gl.constexpr):
-    """The TMA load of key (or value) tile ``tile`` into its stage, if the sequence has it."""
-    stage = tile % 2
-    ok = tile < n_tiles
-    mbarrier.expect(bars.index(stage), desc.block_type.nbytes, pred=ok)
-    _tma_load(
-        desc, [row0 + tile * BLOCK_N, col], bars.index(stage), smem.index(stage), pred=ok
-    )
 
 
 @gluon.jit
@@ -97,98 +79,6 @@ def _store_rows(acc, l_i, o_ptr, q_start, row0, end, h, stride_ot, stride_oh,
     dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
     o_off = (q_start + rows_o).to(gl.int64)[:, None] * stride_ot + h * stride_oh + dims[None, :]
     gl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(rows_o < end)[:, None])
-
-
-@gluon.jit
-def _prefill_gluon_kernel(
-    desc_q, desc_k, desc_v, o_ptr, seq_lens_ptr, qsl_ptr, scale_log2, stride_ot, stride_oh,
-    num_heads,
-    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    num_warps: gl.constexpr,
-):  # fmt: skip
-    m0, h, q_start, q_len, seq_len = _program_tile(seq_lens_ptr, qsl_ptr, num_heads, BLOCK_M)
-    if seq_len != q_len:
-        return  # a cached prefix: the paged kernel's sequence
-    if m0 >= q_len:
-        return
-    end = gl.minimum(m0 + BLOCK_M, q_len)
-    n_tiles = gl.cdiv(end, BLOCK_N)
-    col = h // GROUP * HEAD_DIM
-
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
-    )
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_DIM, 16]
-    )
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-
-    q_smem = gl.allocate_shared_memory(desc_q.dtype, [BLOCK_M, HEAD_DIM], desc_q.layout)
-    k_smem = gl.allocate_shared_memory(desc_k.dtype, [2, BLOCK_N, HEAD_DIM], desc_k.layout)
-    v_smem = gl.allocate_shared_memory(desc_v.dtype, [2, BLOCK_N, HEAD_DIM], desc_v.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-    fence_async_shared()
-
-    mbarrier.expect(q_bar, desc_q.block_type.nbytes)
-    _tma_load(desc_q, [q_start + m0, h * HEAD_DIM], q_bar, q_smem)
-    for i in gl.static_range(2):
-        _issue_kv(desc_k, k_smem, k_bars, i, q_start, col, n_tiles, BLOCK_N)
-        _issue_kv(desc_v, v_smem, v_bars, i, q_start, col, n_tiles, BLOCK_N)
-
-    offs_m = m0 + gl.arange(0, BLOCK_M, layout=row_s)
-    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, layout=row_s)
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-
-    # Tile 0: its scores alone (no values in flight yet).
-    mbarrier.wait(q_bar, 0)
-    mbarrier.wait(k_bars.index(0), 0)
-    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False)
-    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0, m0, offs_m, offs_n, scale_log2, BLOCK_N)
-    _cta_barrier()  # both warpgroups have read key tile 0
-    _issue_kv(desc_k, k_smem, k_bars, 2, q_start, col, n_tiles, BLOCK_N)
-    for j in range(1, n_tiles):
-        stage = j % 2
-        prev = 1 - stage
-        mbarrier.wait(k_bars.index(stage), (j // 2) & 1)
-        s_tok = warpgroup_mma(
-            q_smem, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True
-        )
-        mbarrier.wait(v_bars.index(prev), ((j - 1) // 2) & 1)
-        o_tok = warpgroup_mma(
-            gl.convert_layout(p.to(desc_v.dtype), p_layout), v_smem.index(prev), acc,
-            is_async=True,
-        )  # fmt: skip
-        s = warpgroup_mma_wait(1, deps=[s_tok])
-        p, alpha, m_i, l_i = _softmax(
-            s, m_i, l_i, j * BLOCK_N, m0, offs_m, offs_n, scale_log2, BLOCK_N
-        )  # fmt: skip
-        acc = warpgroup_mma_wait(0, deps=[o_tok])
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        # Key tile j and value tile j - 1 are read by both warpgroups now: refill their stages.
-        _cta_barrier()
-        _issue_kv(desc_k, k_smem, k_bars, j + 2, q_start, col, n_tiles, BLOCK_N)
-        _issue_kv(desc_v, v_smem, v_bars, j + 1, q_start, col, n_tiles, BLOCK_N)
-    last = n_tiles - 1
-    mbarrier.wait(v_bars.index(last % 2), (last // 2) & 1)
-    p_op = gl.convert_layout(p.to(desc_v.dtype), p_layout)
-    acc = warpgroup_mma(p_op, v_smem.index(last % 2), acc)
-
-    mbarrier.invalidate(q_bar)
-    for i in gl.static_range(2):
-        mbarrier.invalidate(k_bars.index(i))
-        mbarrier.invalidate(v_bars.index(i))
-    _store_rows(acc, l_i, o_ptr, q_start, m0, end, h, stride_ot, stride_oh, BLOCK_M, HEAD_DIM)
 
 
 @gluon.jit
@@ -369,23 +259,16 @@ def attend_fresh(
     out: torch.Tensor,
     block_m: int,
     block_n: int,
-    warp_specialize: bool,
 ) -> None:
-    """The kernels' launch for ``paged_attention_prefill_tma.attend_fresh`` (``gluon`` in its
-    configuration), which checks the inputs and the tile; ``warp_specialize``: the loader-warp
-    kernel with independent consumer warpgroups, one per 64 of ``block_m``'s rows."""
+    """The kernel's launch for ``paged_attention_prefill_tma.attend_fresh`` (``gluon`` in its
+    configuration), which checks the inputs and the tile: a consumer warpgroup per 64 of
+    ``block_m``'s rows, each its rows' own TMA copy of the queries."""
     tokens, num_heads, head_dim = q.shape
-    q_box = 64 if warp_specialize else block_m  # a consumer's rows: one TMA copy each
-    if warp_specialize:
-        kernel = _prefill_gluon_ws_kernel
-        options = {"CONSUMER_REGS": WS_CONSUMER_REGS[block_m // 64]}
-        num_warps = 4  # the first consumer; the others and the loader are the partitions'
-    else:
-        kernel, options, num_warps = _prefill_gluon_kernel, {}, NUM_WARPS
     grid = (triton.cdiv(max_query_len, block_m), seq_lens.shape[0] * num_heads)
-    kernel[grid](
-        _descriptor(q, q_box), _descriptor(k_new, block_n), _descriptor(v_new, block_n), out,
+    _prefill_gluon_ws_kernel[grid](
+        _descriptor(q, 64), _descriptor(k_new, block_n), _descriptor(v_new, block_n), out,
         seq_lens, query_start_loc, scale * _LOG2E, out.stride(0), out.stride(1), num_heads,
         GROUP=num_heads // k_new.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=num_warps, **options,
+        CONSUMER_REGS=WS_CONSUMER_REGS[block_m // 64],
+        num_warps=4,  # the first consumer; the others and the loader are the partitions'
     )  # fmt: skip

@@ -100,10 +100,10 @@ def _cfg(
             "gluon": gluon}  # fmt: skip
 
 
-def _gluon_cfg(block_n: int, ws: int = 0, block_m: int = 128) -> dict:
-    """gluon=1: one partition of 8 warps on 128 rows; gluon=2: warp-specialised (a loader warp
-    and a consumer warpgroup per 64 rows: ``block_m`` 128 or 192)."""
-    return _cfg(block_m, block_n, 4 if ws else 8, 2, 0, 1, gluon=2 if ws else 1)
+def _gluon_cfg(block_n: int, block_m: int = 128) -> dict:
+    """The warp-specialised Gluon kernel (``gluon=2``): a loader warp and a consumer warpgroup
+    per 64 rows, ``block_m`` 128 or 192."""
+    return _cfg(block_m, block_n, 4, 2, 0, 1, gluon=2)
 
 
 # Per head dim, the fastest of an H100 sweep (d128: the warp-specialised Gluon kernel, 0.95 to
@@ -113,17 +113,15 @@ def _gluon_cfg(block_n: int, ws: int = 0, block_m: int = 128) -> dict:
 # check. With warp specialisation ``num_warps`` is per warpgroup (Triton adds the producer and a
 # second consumer), and three stages of 128 x 128 tiles at d128 exceed the 227 KB of shared
 # memory.
-CUDA_CONFIGS = {64: _cfg(128, 64, 4, 3, 0, 1), 128: _gluon_cfg(128, 1)}
-# Under the interpreter (CPU tensors: CI) the Triton kernel, the Gluon kernels' twin.
+CUDA_CONFIGS = {64: _cfg(128, 64, 4, 3, 0, 1), 128: _gluon_cfg(128)}
+# Under the interpreter (CPU tensors: CI) the Triton kernel, the Gluon kernel's twin.
 INTERPRETER_CONFIGS = {64: CUDA_CONFIGS[64], 128: _cfg(128, 128, 4, 2, 1)}
 CANDIDATE_CONFIGS = {
     64: [_cfg(128, 64, 4, 3, 0, 1), _cfg(128, 64, 4, 3, 0), _cfg(128, 128, 4, 2, 1),
          _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 64, 4, 4, 0, 1), _cfg(64, 64, 4, 2, 0, 1),
-         _gluon_cfg(128), _gluon_cfg(64), _gluon_cfg(128, 1), _gluon_cfg(64, 1),
-         _gluon_cfg(64, 1, 192)],
-    128: [_gluon_cfg(128, 1), _gluon_cfg(64, 1), _cfg(128, 128, 4, 2, 1),
-          _cfg(128, 64, 4, 2, 1), _cfg(128, 64, 8, 3, 0), _cfg(128, 64, 8, 3, 0, 1),
-          _cfg(128, 128, 8, 3, 0, 1), _gluon_cfg(128), _gluon_cfg(64)],
+         _gluon_cfg(128), _gluon_cfg(64), _gluon_cfg(64, 192)],
+    128: [_gluon_cfg(128), _gluon_cfg(64), _cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1),
+          _cfg(128, 64, 8, 3, 0), _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 128, 8, 3, 0, 1)],
 }  # fmt: skip
 # Warp-specialised with three stages, every candidate left rows NaN on an H100 (Triton 3.6,
 # 2026-12-05: the CUDA kernel tests); two stages were right.
@@ -207,14 +205,12 @@ def attend_fresh(
 
         if not q.is_cuda:
             raise ValueError("the Gluon prefill kernel runs on CUDA only (no interpreter)")
-        ws = cfg["gluon"] == 2
-        rows = (128, 192) if ws else (128,)
-        if block_m not in rows or cfg != _gluon_cfg(block_n, ws, block_m):
-            raise ValueError(f"the Gluon prefill kernel's tile is fixed: {_gluon_cfg(block_n, ws)}"
-                             f" (block_m {' or '.join(map(str, rows))})")  # fmt: skip
+        if block_m not in (128, 192) or cfg != _gluon_cfg(block_n, block_m):
+            raise ValueError(f"the Gluon prefill kernel's tile is fixed: {_gluon_cfg(block_n)}"
+                             " (block_m 128 or 192)")  # fmt: skip
         gluon.attend_fresh(q, k_new, v_new, seq_lens, query_start_loc, scale,
                            max_query_len=max_query_len, out=out, block_m=block_m,
-                           block_n=block_n, warp_specialize=ws)  # fmt: skip
+                           block_n=block_n)  # fmt: skip
         return
     assert block_m % block_n == 0, "query tiles must start on key tile boundaries"
     grid = (triton.cdiv(max_query_len, block_m), batch * num_heads)

@@ -37,7 +37,7 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 
 def compile_config(head_dim: int, cfg: dict):
     if cfg.get("gluon"):
-        return compile_gluon(head_dim, cfg["block_m"], cfg["block_n"], cfg["gluon"] == 2)
+        return compile_gluon(head_dim, cfg["block_m"], cfg["block_n"])
     bm, bn = cfg["block_m"], cfg["block_n"]
     signature = {
         "q_ptr": "*bf16", "tokens": "i32", "stride_qt": "i32",
@@ -58,7 +58,7 @@ def compile_config(head_dim: int, cfg: dict):
     return kernel
 
 
-def compile_gluon(head_dim: int, block_m: int, block_n: int, warp_specialize: bool):
+def compile_gluon(head_dim: int, block_m: int, block_n: int):
     """``paged_attention_prefill_gluon``'s kernel; its descriptors' types name their layouts."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -70,23 +70,17 @@ def compile_gluon(head_dim: int, block_m: int, block_n: int, warp_specialize: bo
         return f"tensordesc<bf16[{rows}, {head_dim}],{layout!r}>"
 
     signature = {
-        "desc_q": desc(64 if warp_specialize else block_m),
-        "desc_k": desc(block_n), "desc_v": desc(block_n),
+        "desc_q": desc(64), "desc_k": desc(block_n), "desc_v": desc(block_n),
         "o_ptr": "*bf16", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32", "scale_log2": "fp32",
         "stride_ot": "i32", "stride_oh": "i32", "num_heads": "i32",
     }  # fmt: skip
-    constants = {"GROUP": 2, "HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n}
-    if warp_specialize:
-        kernel, num_warps = glu._prefill_gluon_ws_kernel, 4
-        constants["CONSUMER_REGS"] = glu.WS_CONSUMER_REGS[block_m // 64]
-    else:
-        kernel, num_warps = glu._prefill_gluon_kernel, glu.NUM_WARPS
-        constants["num_warps"] = num_warps
+    constants = {"GROUP": 2, "HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n,
+                 "CONSUMER_REGS": glu.WS_CONSUMER_REGS[block_m // 64]}  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     return triton.compile(
-        GluonASTSource(kernel, signature, constants),
+        GluonASTSource(glu._prefill_gluon_ws_kernel, signature, constants),
         target=GPUTarget("cuda", 90, 128),
-        options={"num_warps": num_warps},
+        options={"num_warps": 4},
     )
 
 

@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument(
         "config", type=int, nargs=8, metavar="N",
         help="head_dim block_m block_n warps stages ws peel gluon (1: warp-specialised; 1: the "
-        "diagonal tiles peeled after the loop; 1: the Gluon kernel)",
+        "diagonal tiles peeled after the loop; 2: the Gluon kernel, as 4 2 0 1 2)",
     )  # fmt: skip
     parser.add_argument("--lens", default="512", help="comma-separated sequence lengths")
     parser.add_argument("--time", action="store_true")
