@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = llm.llm_engine.model_config.vocab_size
     model_seconds = time_model(llm.llm_engine.model_runner.model)
 
-    def run(tag: int) -> int:
+    def run() -> int:
         # A fresh workload each round: no prefix-cache hit from an earlier round.
         prompts = [
             {"prompt_token_ids": [rng.randrange(10, vocab - 10)
@@ -93,12 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         outs = llm.generate(prompts, params, use_tqdm=False)
         return sum(len(o.outputs[0].token_ids) for o in outs)
 
-    run(-1)  # warm-up
+    run()  # warm-up
     total, host = [], []  # us per generated token, each round
-    for r in range(args.rounds):
+    for _ in range(args.rounds):
         model_seconds[0] = 0.0
         start = time.perf_counter()
-        tokens = run(r)
+        tokens = run()
         seconds = time.perf_counter() - start
         total.append(seconds / tokens * 1e6)
         host.append((seconds - model_seconds[0]) / tokens * 1e6)
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     print("rounds, host/total: " + " ".join(f"{h:.2f}/{t:.2f}" for h, t in zip(host, total)))
     if args.profile:
         profiler = cProfile.Profile()
-        profiler.runcall(run, args.rounds)
+        profiler.runcall(run)
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.profile)
     return 0
 
