@@ -12,36 +12,6 @@ import triton
 import triton.language as tl
 
 _LOG2E = 1.4426950408889634
-# 2**f on [-0.5, 0.5] as 1 + f * (c1 + f * (c2 + f * c3)): a relative-error fit, at most 1.0e-4
-# (bf16 rounds P at 3.9e-3).
-_EXP2_C1 = tl.constexpr(0.6932829324258737)
-_EXP2_C2 = tl.constexpr(0.2422110007355269)
-_EXP2_C3 = tl.constexpr(0.05500892622513858)
-# 1.5 * 2**23: x + it rounds x to an integer, held in the low mantissa bits.
-_ROUND_SHIFT = tl.constexpr(12582912.0)
-
-
-@triton.jit
-def _exp2_fma(x):
-    """``2**x`` for ``x <= 0`` (``-inf`` included, which gives 0) without the special function
-    unit: the integer part by the rounding shift, the fraction by a cubic, the integer added to
-    the result's exponent bits. Below -126 it returns 0 or a subnormal (< 2**-126)."""
-    x = tl.maximum(x, -127.0)
-    shifted = x + _ROUND_SHIFT
-    frac = x - (shifted - _ROUND_SHIFT)
-    poly = 1.0 + frac * (_EXP2_C1 + frac * (_EXP2_C2 + frac * _EXP2_C3))
-    exponent = shifted.to(tl.int32, bitcast=True) << 23  # the integer's low bits, shifted
-    return (poly.to(tl.int32, bitcast=True) + exponent).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _exp2_split(x):
-    """``2**x`` of a ``[M, N]`` tile, its even columns on the special function unit (``exp2``)
-    and its odd ones on the FMA and integer pipes (``_exp2_fma``): at head dim 64 a score's
-    ``exp2`` costs the SFU as long as its two matrix products cost the tensor cores, so half
-    of them move to pipes that have time to spare (FlashAttention-4's idea)."""
-    even, odd = tl.split(tl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
-    return tl.reshape(tl.join(tl.exp2(even), _exp2_fma(odd)), [x.shape[0], x.shape[1]])
 
 
 @triton.jit
@@ -69,13 +39,12 @@ def _load_tile(
 @triton.jit
 def _softmax_pv(
     qk, acc, m_i, l_i, v, offs_n, q_pos, kv_limit, on_diag, scale_log2,
-    MASK: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT_EXP2: tl.constexpr,
+    MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax update with the scores ``qk`` of one tile and its values ``v``.
 
     ``MASK``: 0 no mask (the tile is below the diagonal), 1 causal mask, 2 causal mask where
-    ``on_diag`` (known only at run time, uniform across the program). ``SPLIT_EXP2``: half the
-    scores' ``exp2`` by ``_exp2_fma`` (``_exp2_split``)."""
+    ``on_diag`` (known only at run time, uniform across the program)."""
     if MASK != 0:  # noqa: SIM102 (MASK is a compile-time constant, on_diag is not)
         if on_diag:
             visible = (offs_n[None, :] <= q_pos[:, None]) & (offs_n < kv_limit)[None, :]
@@ -84,10 +53,7 @@ def _softmax_pv(
     # tile gets p = 0 and alpha = 1, never NaN. scale_log2 > 0, so the row max commutes with the
     # scaling (one fused multiply-add per score).
     m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale_log2)
-    if SPLIT_EXP2:
-        p = _exp2_split(qk * scale_log2 - m_new[:, None])
-    else:
-        p = tl.exp2(qk * scale_log2 - m_new[:, None])
+    p = tl.exp2(qk * scale_log2 - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
@@ -109,7 +75,7 @@ def _attend_tile(
                    stride_v_blk, stride_v_tok, MASK != 0, EVEN_D)  # fmt: skip
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     return _softmax_pv(qk, acc, m_i, l_i, v, offs_n, q_pos, kv_limit, on_diag, scale_log2,
-                       MASK, DOT_PRECISION, False)  # fmt: skip
+                       MASK, DOT_PRECISION)  # fmt: skip
 
 
 @triton.jit

@@ -26,7 +26,7 @@ from engine_kernels.paged_attention_prefill import _LOG2E, _query_tile, _softmax
 @triton.jit
 def _fresh_tile(
     q, acc, m_i, l_i, desc_k, desc_v, q_start, n0, col, offs_t, offs_m, end, scale_log2,
-    CAUSAL_MASK: tl.constexpr, SPLIT_EXP2: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr,
 ):  # fmt: skip
     """The online-softmax update with the key tile at ``n0`` of this sequence's new tokens."""
     k = desc_k.load([q_start + n0, col])
@@ -36,9 +36,7 @@ def _fresh_tile(
         # Key j is visible to query i when j <= i. Rows at or past q_len (another sequence's
         # tokens, TMA's zero fill past the end) are never stored.
         qk = tl.where((n0 + offs_t)[None, :] <= offs_m[:, None], qk, float("-inf"))
-    return _softmax_pv(
-        qk, acc, m_i, l_i, v, offs_t, offs_m, end, False, scale_log2, 0, "tf32", SPLIT_EXP2
-    )
+    return _softmax_pv(qk, acc, m_i, l_i, v, offs_t, offs_m, end, False, scale_log2, 0, "tf32")
 
 
 @triton.jit
@@ -46,7 +44,7 @@ def _prefill_tma_kernel(
     q_ptr, tokens, stride_qt, desc_k, desc_v, o_ptr, seq_lens_ptr, qsl_ptr, scale_log2,
     stride_ot, stride_oh, num_heads,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr, PEEL_DIAGONAL: tl.constexpr, SPLIT_EXP2: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, PEEL_DIAGONAL: tl.constexpr,
 ):  # fmt: skip
     # No early return and one loop with no branch in it: Triton 3.6's Hopper warp
     # specialisation gives up on anything else (a second loop, a paged prefix loop before it, a
@@ -77,13 +75,13 @@ def _prefill_tma_kernel(
     for n0 in tl.range(0, below_end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         acc, m_i, l_i = _fresh_tile(
             q, acc, m_i, l_i, desc_k, desc_v, q_start, n0, col, offs_t, offs_m, end, scale_log2,
-            not PEEL_DIAGONAL, SPLIT_EXP2,
+            not PEEL_DIAGONAL,
         )  # fmt: skip
     if PEEL_DIAGONAL:
         for n0 in tl.range(below_end, end, BLOCK_N):
             acc, m_i, l_i = _fresh_tile(
                 q, acc, m_i, l_i, desc_k, desc_v, q_start, n0, col, offs_t, offs_m, end,
-                scale_log2, True, SPLIT_EXP2,
+                scale_log2, True,
             )  # fmt: skip
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l_i = 0: a program with nothing to do
     rows = (q_start + offs_m).to(tl.int64)
@@ -93,14 +91,13 @@ def _prefill_tma_kernel(
 
 def _cfg(
     block_m: int, block_n: int, num_warps: int, num_stages: int, ws: int, peel: int = 0,
-    gluon: int = 0, split_exp2: int = 0,
+    gluon: int = 0,
 ) -> dict:  # fmt: skip
     """``gluon``: run one of ``paged_attention_prefill_gluon``'s kernels instead (CUDA only;
-    their tile and pipeline are fixed, ``_gluon_cfg``). ``split_exp2``: half the scores'
-    ``exp2`` on the FMA pipes (``paged_attention_prefill._exp2_split``)."""
+    their tile and pipeline are fixed, ``_gluon_cfg``)."""
     return {"block_m": block_m, "block_n": block_n, "num_warps": num_warps,
             "num_stages": num_stages, "warp_specialize": ws, "peel": peel,
-            "gluon": gluon, "split_exp2": split_exp2}  # fmt: skip
+            "gluon": gluon}  # fmt: skip
 
 
 def _gluon_cfg(block_n: int, block_m: int = 128) -> dict:
@@ -120,12 +117,10 @@ CUDA_CONFIGS = {64: _cfg(128, 64, 4, 3, 0, 1), 128: _gluon_cfg(128)}
 # Under the interpreter (CPU tensors: CI) the Triton kernel, the Gluon kernel's twin.
 INTERPRETER_CONFIGS = {64: CUDA_CONFIGS[64], 128: _cfg(128, 128, 4, 2, 1)}
 CANDIDATE_CONFIGS = {
-    64: [_cfg(128, 64, 4, 3, 0, 1), _cfg(128, 64, 4, 3, 0, 1, split_exp2=1),
-         _cfg(128, 64, 8, 3, 0, 1, split_exp2=1), _cfg(128, 64, 4, 3, 0), _cfg(128, 128, 4, 2, 1),
+    64: [_cfg(128, 64, 4, 3, 0, 1), _cfg(128, 64, 4, 3, 0), _cfg(128, 128, 4, 2, 1),
          _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 64, 4, 4, 0, 1), _cfg(64, 64, 4, 2, 0, 1),
          _gluon_cfg(128), _gluon_cfg(64), _gluon_cfg(64, 192)],
-    128: [_gluon_cfg(128), _gluon_cfg(64), _cfg(128, 128, 4, 2, 1),
-          _cfg(128, 128, 8, 3, 0, 1, split_exp2=1), _cfg(128, 64, 4, 2, 1),
+    128: [_gluon_cfg(128), _gluon_cfg(64), _cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1),
           _cfg(128, 64, 8, 3, 0), _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 128, 8, 3, 0, 1)],
 }  # fmt: skip
 # Warp-specialised with three stages, every candidate left rows NaN on an H100 (Triton 3.6,
@@ -205,11 +200,6 @@ def attend_fresh(
             "warp-specialised TMA prefill cannot peel the diagonal: Triton 3.6's Hopper warp "
             "specialisation fails to compile a second loop"
         )
-    if cfg["warp_specialize"] and cfg.get("split_exp2", 0):
-        raise ValueError(
-            "warp-specialised TMA prefill cannot split exp2: Triton 3.6's Hopper warp "
-            "specialisation fails to compile the split and join of the scores"
-        )
     if cfg.get("gluon"):
         from engine_kernels import paged_attention_prefill_gluon as gluon
 
@@ -230,6 +220,5 @@ def attend_fresh(
         seq_lens, query_start_loc, scale * _LOG2E, out.stride(0), out.stride(1), num_heads,
         GROUP=num_heads // k_new.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         WARP_SPECIALIZE=bool(cfg["warp_specialize"]), PEEL_DIAGONAL=bool(cfg.get("peel", 0)),
-        SPLIT_EXP2=bool(cfg.get("split_exp2", 0)),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip

@@ -48,8 +48,7 @@ def compile_config(head_dim: int, cfg: dict):
     }  # fmt: skip
     constants = {"GROUP": 2, "HEAD_DIM": head_dim, "BLOCK_M": bm, "BLOCK_N": bn,
                  "WARP_SPECIALIZE": bool(cfg["warp_specialize"]),
-                 "PEEL_DIAGONAL": bool(cfg.get("peel", 0)),
-                 "SPLIT_EXP2": bool(cfg.get("split_exp2", 0))}  # fmt: skip
+                 "PEEL_DIAGONAL": bool(cfg.get("peel", 0))}  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     kernel = triton.compile(
         ASTSource(_prefill_tma_kernel, signature, constants),

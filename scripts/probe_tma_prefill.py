@@ -75,20 +75,18 @@ def timed(head_dim: int, cfg: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "config", type=int, nargs=9, metavar="N",
-        help="head_dim block_m block_n warps stages ws peel gluon split_exp2 (1: warp-"
-        "specialised; 1: the diagonal tiles peeled after the loop; 2: the Gluon kernel, as "
-        "4 2 0 1 2 0; 1: half the exp2 on the FMA pipes)",
+        "config", type=int, nargs=8, metavar="N",
+        help="head_dim block_m block_n warps stages ws peel gluon (1: warp-specialised; 1: the "
+        "diagonal tiles peeled after the loop; 2: the Gluon kernel, as 4 2 0 1 2)",
     )  # fmt: skip
     parser.add_argument("--lens", default="512", help="comma-separated sequence lengths")
     parser.add_argument("--time", action="store_true")
     args = parser.parse_args()
     if os.environ.get(TMA_PREFILL_OPT_IN) != "1":
         sys.exit(f"set {TMA_PREFILL_OPT_IN}=1: the kernel is opt-in on CUDA")
-    head_dim, block_m, block_n, warps, stages, ws, peel, gluon, split = args.config
-    cfg = tma._cfg(block_m, block_n, warps, stages, ws, peel, gluon, split)
-    name = (f"d{head_dim} {block_m}x{block_n} w{warps} s{stages} ws{ws} peel{peel} "
-            f"gluon{gluon} split{split}")  # fmt: skip
+    head_dim, block_m, block_n, warps, stages, ws, peel, gluon = args.config
+    cfg = tma._cfg(block_m, block_n, warps, stages, ws, peel, gluon)
+    name = f"d{head_dim} {block_m}x{block_n} w{warps} s{stages} ws{ws} peel{peel} gluon{gluon}"
     print(f"{name} lens {args.lens}:", flush=True)
     err = check(head_dim, cfg, [int(n) for n in args.lens.split(",")])
     verdict = "right" if err <= TOLERANCE else "WRONG"

@@ -25,12 +25,12 @@ if ON_GPU:
     )
 
 
-def _cfg(block_m, block_n, num_warps=4, num_stages=1, ws=0, peel=0, split=0):
+def _cfg(block_m, block_n, num_warps=4, num_stages=1, ws=0, peel=0):
     """The kernel module's configuration, with the interpreter's defaults (imported lazily, as
     the ``tops`` fixture imports triton)."""
     from engine_kernels.paged_attention_prefill_tma import _cfg as kernel_cfg
 
-    return kernel_cfg(block_m, block_n, num_warps, num_stages, ws, peel, split_exp2=split)
+    return kernel_cfg(block_m, block_n, num_warps, num_stages, ws, peel)
 
 
 def _configs(head_dim: int) -> list[dict]:
@@ -40,8 +40,7 @@ def _configs(head_dim: int) -> list[dict]:
         return CANDIDATE_CONFIGS[head_dim]
     # peel: the diagonal of a 32-row tile in two key tiles, of a 16-row tile in one
     return [_cfg(16, 16), _cfg(32, 16), _cfg(32, 32, ws=1), _cfg(32, 16, peel=1),
-            _cfg(16, 16, peel=1), _cfg(32, 16, peel=1, split=1),
-            _cfg(32, 32, split=1)]  # fmt: skip
+            _cfg(16, 16, peel=1)]  # fmt: skip
 
 
 # (cached prefix, new tokens): fresh sequences of one token, one tile, odd lengths; sequences with
@@ -93,7 +92,7 @@ def _reference(q, k_cache, v_cache, tables, lens, qsl, scale):
     [(d, c) for d in (64, 128) for c in _configs(d)],
     ids=[
         f"d{d}-m{c['block_m']}n{c['block_n']}w{c['num_warps']}s{c['num_stages']}"
-        f"ws{c['warp_specialize']}p{c['peel']}g{c['gluon']}e{c['split_exp2']}"
+        f"ws{c['warp_specialize']}p{c['peel']}g{c['gluon']}"
         for d in (64, 128)
         for c in _configs(d)
     ],
@@ -115,9 +114,7 @@ def test_tma_prefill(tops, dtype, device, head_dim, cfg, heads, kv_heads):
         config=None if ON_GPU else {"block_m": 16, "block_n": 16, "num_warps": 4,
                                     "num_stages": 1, "loop": 1},
     )  # fmt: skip
-    # split_exp2's cubic (1e-4, made for 16-bit P) is looser than the fp32 interpreter's bound.
-    loose = 20.0 if cfg["split_exp2"] and dtype == torch.float32 else 1.0
-    assert_close(out, _reference(q, k_cache, v_cache, tables, lens, qsl, 0.09), dtype, loose)
+    assert_close(out, _reference(q, k_cache, v_cache, tables, lens, qsl, 0.09), dtype)
 
 
 def test_tma_kernel_writes_only_fresh_sequences(tops, dtype, device):
@@ -179,42 +176,3 @@ def test_warp_specialised_peel_is_refused(tops, device):
         tma.attend_fresh(q, k_new, v_new, lens, qsl, 0.125, max_query_len=max_q, out=out,
                          config=_cfg(128, 64, 4, 2, ws=1, peel=1))  # fmt: skip
     assert out.isnan().all()
-
-
-def test_warp_specialised_split_exp2_is_refused(tops, device):
-    """Triton 3.6's Hopper warp specialisation fails to compile the split and join of the
-    scores: refused with a clear error everywhere, ``out`` left alone."""
-    from engine_kernels import paged_attention_prefill_tma as tma
-
-    q, k_new, v_new, _, _, _, lens, qsl, max_q = _inputs(
-        [(0, 20)], 4, 2, 64, torch.bfloat16, device
-    )
-    out = torch.full_like(q, float("nan"))
-    with pytest.raises(ValueError, match="cannot split exp2"):
-        tma.attend_fresh(q, k_new, v_new, lens, qsl, 0.125, max_query_len=max_q, out=out,
-                         config=_cfg(128, 64, 4, 2, ws=1, split=1))  # fmt: skip
-    assert out.isnan().all()
-
-
-def test_exp2_fma_against_exp2(tops, device):
-    """The polynomial ``exp2`` that ``split_exp2`` gives half the scores: within 1.1e-4 of
-    ``2**x`` (relative) down to -126, exactly 0 at ``-inf``, never negative or above 1 at
-    ``x <= 0``, below 2**-126 under it. A wrong rounding constant, coefficient or exponent shift
-    misses by far more."""
-    from tests.kernels.exp2_fma_kernel import exp2_fma_kernel
-
-    x = torch.cat([
-        -torch.linspace(0, 126, 64 * 997, dtype=torch.float64),  # every half-integer's rounding
-        torch.tensor([-126.4, -126.5, -126.6, -127.0, -140.0, -1e30, float("-inf")] + [0.0] * 57,
-                     dtype=torch.float64),
-    ]).to(torch.float32)  # fmt: skip
-    x = x.to(device)
-    y = torch.empty_like(x)
-    exp2_fma_kernel[(x.numel() // 64,)](x, y, BLOCK=64)
-    exact = torch.exp2(x.double())
-    normal = x >= -126
-    rel = ((y.double()[normal] - exact[normal]) / exact[normal]).abs().max().item()
-    assert rel <= 1.1e-4, f"relative error {rel:.3g}"
-    assert (y >= 0).all() and (y <= 1.0).all()
-    assert (y[~normal] < 2.0**-126).all()
-    assert y[x == float("-inf")].item() == 0.0
