@@ -204,6 +204,11 @@ class EngineConfig:
             )
         if args.block_size < 1 or args.max_num_seqs < 1 or args.max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1.")
+        stream_interval = getattr(args, "stream_interval", 1)
+        if stream_interval < 1:
+            raise ValueError(
+                f"stream_interval must be >= 1 (tokens per output), got {stream_interval}."
+            )
         if not args.enable_chunked_prefill and args.max_num_batched_tokens < max_len:
             raise ValueError(
                 "Without chunked prefill, max_num_batched_tokens must be >= max_model_len."
@@ -238,7 +243,7 @@ class EngineConfig:
             disable_log_stats=args.disable_log_stats,
             skip_tokenizer_init=args.skip_tokenizer_init,
             load_format=args.load_format,
-            stream_interval=getattr(args, "stream_interval", 1),
+            stream_interval=stream_interval,
         )
 
 

@@ -304,7 +304,7 @@ class LLMEngine:
             if kind is RequestOutputKind.FINAL_ONLY:
                 return None
             new_tokens = req.num_output_tokens - stream.num_tokens_sent
-            if new_tokens <= 0 or new_tokens < self.config.stream_interval:
+            if new_tokens < self.config.stream_interval:  # stream_interval >= 1
                 return None
         text = stream.detokenizer.visible_text(finished)
         if kind is RequestOutputKind.DELTA:

@@ -170,6 +170,11 @@ async def test_stream_interval_batches_tokens():
         eng.shutdown()
 
 
+def test_stream_interval_below_one_is_refused():
+    with pytest.raises(ValueError, match="stream_interval must be >= 1"):
+        make_engine(stream_interval=0)
+
+
 LONG = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
 
 
