@@ -10,7 +10,7 @@ warp schedulers). Within a consumer, the next key tile's scores and this tile's 
 flight on the tensor cores while the softmax runs (FlashAttention-3's intra-warpgroup overlap):
 in iteration ``j`` it issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}``, waits for ``S_j``
 alone, computes ``P_j`` and the rescale, then waits for ``O``. Only the diagonal tiles are
-masked. On an H100, 0.95 to 1.00x cuDNN at d128: the TMA prefill's d128 default (``gluon=2`` in
+masked. On H100s, 0.91 to 1.00x cuDNN at d128: the TMA prefill's d128 default (``gluon=2`` in
 its configuration). A one-partition version (``gluon=1``, d093b28), whose warpgroups a CTA
 barrier per iteration kept in step, reached 0.78x and was removed.
 

@@ -106,8 +106,8 @@ def _gluon_cfg(block_n: int, block_m: int = 128) -> dict:
     return _cfg(block_m, block_n, 4, 2, 0, 1, gluon=2)
 
 
-# Per head dim, the fastest of an H100 sweep (d128: the warp-specialised Gluon kernel, 0.95 to
-# 1.00x cuDNN, 2026-12-06 18:25 and 18:35 UTC; d64 with the diagonal peeled 2026-12-06, where
+# Per head dim, the fastest of an H100 sweep (d128: the warp-specialised Gluon kernel, 0.91 to
+# 1.00x cuDNN, 2026-12-06 18:25 to 20:05 UTC; d64 with the diagonal peeled 2026-12-06, where
 # the Gluon kernel's best, 192 x 64, was 0.87x and 192 x 128, which spills, 0.45x;
 # docs/performance.md); the candidates are what the benchmark's sweep times and the CUDA tests
 # check. With warp specialisation ``num_warps`` is per warpgroup (Triton adds the producer and a
