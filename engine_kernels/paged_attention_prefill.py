@@ -85,15 +85,26 @@ def _pages(bt_row_ptr, offs_n, kv_end, PAGE: tl.constexpr):
 
 
 @triton.jit
-def _query_tile(qsl_ptr, num_heads, BLOCK_M: tl.constexpr):
+def _query_tile(qsl_ptr, num_heads, BLOCK_M: tl.constexpr, HEADS_FASTEST: tl.constexpr):
     """This program's query tile: (first row m0, sequence b, head h, q_start, q_len).
 
-    Longest-first: the last query tiles of a causal sequence see the most keys. Axis 1 walks
-    (sequence, head) with the query tiles of one head adjacent, so that the programs running
-    together share their K/V in L2."""
-    m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-    b = tl.program_id(1) // num_heads
-    h = tl.program_id(1) % num_heads
+    Longest-first: the last query tiles of a causal sequence see the most keys. By default axis
+    1 walks (sequence, head) with the query tiles of one head adjacent, so that the programs
+    running together share their K/V in L2. ``HEADS_FASTEST`` orders the programs, as the GPU
+    launches them, by sequence, then query tile (longest first), then head: the programs that
+    start last are every head's shortest tiles, so fewer SMs wait on a long tile at the end, and
+    those running together still read one sequence's K/V."""
+    if HEADS_FASTEST:
+        tiles = tl.num_programs(0)
+        launch = tl.program_id(0) + tl.program_id(1) * tiles  # x varies fastest
+        b = launch // (tiles * num_heads)
+        within = launch % (tiles * num_heads)
+        m0 = (tiles - 1 - within // num_heads) * BLOCK_M
+        h = within % num_heads
+    else:
+        m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+        b = tl.program_id(1) // num_heads
+        h = tl.program_id(1) % num_heads
     q_start = tl.load(qsl_ptr + b)
     q_len = tl.load(qsl_ptr + b + 1) - q_start
     return m0, b, h, q_start, q_len
@@ -109,7 +120,7 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     LOOP: tl.constexpr, SKIP_FRESH: tl.constexpr,
 ):  # fmt: skip
-    m0, b, h, q_start, q_len = _query_tile(qsl_ptr, num_heads, BLOCK_M)
+    m0, b, h, q_start, q_len = _query_tile(qsl_ptr, num_heads, BLOCK_M, False)
     if m0 >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + b)

@@ -44,14 +44,14 @@ def _prefill_tma_kernel(
     q_ptr, tokens, stride_qt, desc_k, desc_v, o_ptr, seq_lens_ptr, qsl_ptr, scale_log2,
     stride_ot, stride_oh, num_heads,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr, PEEL_DIAGONAL: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, PEEL_DIAGONAL: tl.constexpr, HEADS_FASTEST: tl.constexpr,
 ):  # fmt: skip
     # No early return and one loop with no branch in it: Triton 3.6's Hopper warp
     # specialisation gives up on anything else (a second loop, a paged prefix loop before it, a
     # mask behind a branch, the diagonal tiles unrolled before the loop: each left the kernel
     # unspecialised or crashed the pass, compiled for sm_90). So the specialised kernel masks
     # every tile; PEEL_DIAGONAL (unspecialised only) masks only the diagonal's tiles.
-    m0, b, h, q_start, q_len = _query_tile(qsl_ptr, num_heads, BLOCK_M)
+    m0, b, h, q_start, q_len = _query_tile(qsl_ptr, num_heads, BLOCK_M, HEADS_FASTEST)
     fresh = tl.load(seq_lens_ptr + b) == q_len  # no cached prefix: this kernel's sequence
     end = tl.where(fresh & (m0 < q_len), tl.minimum(m0 + BLOCK_M, q_len), 0)
     # The query tile's descriptor is made here, not on the host: the specialisation gives each
@@ -91,19 +91,20 @@ def _prefill_tma_kernel(
 
 def _cfg(
     block_m: int, block_n: int, num_warps: int, num_stages: int, ws: int, peel: int = 0,
-    gluon: int = 0,
+    gluon: int = 0, heads_fastest: int = 0,
 ) -> dict:  # fmt: skip
     """``gluon``: run one of ``paged_attention_prefill_gluon``'s kernels instead (CUDA only;
-    their tile and pipeline are fixed, ``_gluon_cfg``)."""
+    their tile and pipeline are fixed, ``_gluon_cfg``). ``heads_fastest``: the programs'
+    order (``paged_attention_prefill._query_tile``)."""
     return {"block_m": block_m, "block_n": block_n, "num_warps": num_warps,
             "num_stages": num_stages, "warp_specialize": ws, "peel": peel,
-            "gluon": gluon}  # fmt: skip
+            "gluon": gluon, "heads_fastest": heads_fastest}  # fmt: skip
 
 
-def _gluon_cfg(block_n: int, block_m: int = 128) -> dict:
+def _gluon_cfg(block_n: int, block_m: int = 128, heads_fastest: int = 0) -> dict:
     """The warp-specialised Gluon kernel (``gluon=2``): a loader warp and a consumer warpgroup
     per 64 rows, ``block_m`` 128 or 192."""
-    return _cfg(block_m, block_n, 4, 2, 0, 1, gluon=2)
+    return _cfg(block_m, block_n, 4, 2, 0, 1, gluon=2, heads_fastest=heads_fastest)
 
 
 # Per head dim, the fastest of an H100 sweep (d128: the warp-specialised Gluon kernel, 0.91 to
@@ -117,10 +118,12 @@ CUDA_CONFIGS = {64: _cfg(128, 64, 4, 3, 0, 1), 128: _gluon_cfg(128)}
 # Under the interpreter (CPU tensors: CI) the Triton kernel, the Gluon kernel's twin.
 INTERPRETER_CONFIGS = {64: CUDA_CONFIGS[64], 128: _cfg(128, 128, 4, 2, 1)}
 CANDIDATE_CONFIGS = {
-    64: [_cfg(128, 64, 4, 3, 0, 1), _cfg(128, 64, 4, 3, 0), _cfg(128, 128, 4, 2, 1),
+    64: [_cfg(128, 64, 4, 3, 0, 1), _cfg(128, 64, 4, 3, 0, 1, heads_fastest=1),
+         _cfg(128, 64, 4, 3, 0), _cfg(128, 128, 4, 2, 1),
          _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 64, 4, 4, 0, 1), _cfg(64, 64, 4, 2, 0, 1),
          _gluon_cfg(128), _gluon_cfg(64), _gluon_cfg(64, 192)],
-    128: [_gluon_cfg(128), _gluon_cfg(64), _cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1),
+    128: [_gluon_cfg(128), _gluon_cfg(128, heads_fastest=1), _gluon_cfg(64),
+          _cfg(128, 128, 4, 2, 1), _cfg(128, 128, 4, 2, 1, heads_fastest=1), _cfg(128, 64, 4, 2, 1),
           _cfg(128, 64, 8, 3, 0), _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 128, 8, 3, 0, 1)],
 }  # fmt: skip
 # Warp-specialised with three stages, every candidate left rows NaN on an H100 (Triton 3.6,
@@ -205,12 +208,13 @@ def attend_fresh(
 
         if not q.is_cuda:
             raise ValueError("the Gluon prefill kernel runs on CUDA only (no interpreter)")
-        if block_m not in (128, 192) or cfg != _gluon_cfg(block_n, block_m):
+        order = cfg.get("heads_fastest", 0)
+        if block_m not in (128, 192) or cfg != _gluon_cfg(block_n, block_m, order):
             raise ValueError(f"the Gluon prefill kernel's tile is fixed: {_gluon_cfg(block_n)}"
                              " (block_m 128 or 192)")  # fmt: skip
         gluon.attend_fresh(q, k_new, v_new, seq_lens, query_start_loc, scale,
                            max_query_len=max_query_len, out=out, block_m=block_m,
-                           block_n=block_n)  # fmt: skip
+                           block_n=block_n, heads_fastest=bool(order))  # fmt: skip
         return
     assert block_m % block_n == 0, "query tiles must start on key tile boundaries"
     grid = (triton.cdiv(max_query_len, block_m), batch * num_heads)
@@ -220,5 +224,6 @@ def attend_fresh(
         seq_lens, query_start_loc, scale * _LOG2E, out.stride(0), out.stride(1), num_heads,
         GROUP=num_heads // k_new.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
         WARP_SPECIALIZE=bool(cfg["warp_specialize"]), PEEL_DIAGONAL=bool(cfg.get("peel", 0)),
+        HEADS_FASTEST=bool(cfg.get("heads_fastest", 0)),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip

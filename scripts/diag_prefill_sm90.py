@@ -37,7 +37,7 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 
 def compile_config(head_dim: int, cfg: dict):
     if cfg.get("gluon"):
-        return compile_gluon(head_dim, cfg["block_m"], cfg["block_n"])
+        return compile_gluon(head_dim, cfg["block_m"], cfg["block_n"], cfg["heads_fastest"])
     bm, bn = cfg["block_m"], cfg["block_n"]
     signature = {
         "q_ptr": "*bf16", "tokens": "i32", "stride_qt": "i32",
@@ -48,7 +48,8 @@ def compile_config(head_dim: int, cfg: dict):
     }  # fmt: skip
     constants = {"GROUP": 2, "HEAD_DIM": head_dim, "BLOCK_M": bm, "BLOCK_N": bn,
                  "WARP_SPECIALIZE": bool(cfg["warp_specialize"]),
-                 "PEEL_DIAGONAL": bool(cfg.get("peel", 0))}  # fmt: skip
+                 "PEEL_DIAGONAL": bool(cfg.get("peel", 0)),
+                 "HEADS_FASTEST": bool(cfg.get("heads_fastest", 0))}  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     kernel = triton.compile(
         ASTSource(_prefill_tma_kernel, signature, constants),
@@ -58,7 +59,7 @@ def compile_config(head_dim: int, cfg: dict):
     return kernel
 
 
-def compile_gluon(head_dim: int, block_m: int, block_n: int):
+def compile_gluon(head_dim: int, block_m: int, block_n: int, heads_fastest: int = 0):
     """``paged_attention_prefill_gluon``'s kernel; its descriptors' types name their layouts."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -75,7 +76,8 @@ def compile_gluon(head_dim: int, block_m: int, block_n: int):
         "stride_ot": "i32", "stride_oh": "i32", "num_heads": "i32",
     }  # fmt: skip
     constants = {"GROUP": 2, "HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n,
-                 "CONSUMER_REGS": glu.WS_CONSUMER_REGS[block_m // 64]}  # fmt: skip
+                 "CONSUMER_REGS": glu.WS_CONSUMER_REGS[block_m // 64],
+                 "HEADS_FASTEST": bool(heads_fastest)}  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     return triton.compile(
         GluonASTSource(glu._prefill_gluon_ws_kernel, signature, constants),

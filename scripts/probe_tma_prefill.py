@@ -75,18 +75,20 @@ def timed(head_dim: int, cfg: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "config", type=int, nargs=8, metavar="N",
-        help="head_dim block_m block_n warps stages ws peel gluon (1: warp-specialised; 1: the "
-        "diagonal tiles peeled after the loop; 2: the Gluon kernel, as 4 2 0 1 2)",
+        "config", type=int, nargs=9, metavar="N",
+        help="head_dim block_m block_n warps stages ws peel gluon heads_fastest (1: warp-"
+        "specialised; 1: the diagonal tiles peeled after the loop; 2: the Gluon kernel, as "
+        "4 2 0 1 2; 1: the programs launched heads fastest)",
     )  # fmt: skip
     parser.add_argument("--lens", default="512", help="comma-separated sequence lengths")
     parser.add_argument("--time", action="store_true")
     args = parser.parse_args()
     if os.environ.get(TMA_PREFILL_OPT_IN) != "1":
         sys.exit(f"set {TMA_PREFILL_OPT_IN}=1: the kernel is opt-in on CUDA")
-    head_dim, block_m, block_n, warps, stages, ws, peel, gluon = args.config
-    cfg = tma._cfg(block_m, block_n, warps, stages, ws, peel, gluon)
-    name = f"d{head_dim} {block_m}x{block_n} w{warps} s{stages} ws{ws} peel{peel} gluon{gluon}"
+    head_dim, block_m, block_n, warps, stages, ws, peel, gluon, order = args.config
+    cfg = tma._cfg(block_m, block_n, warps, stages, ws, peel, gluon, order)
+    name = (f"d{head_dim} {block_m}x{block_n} w{warps} s{stages} ws{ws} peel{peel} "
+            f"gluon{gluon} heads_fastest{order}")  # fmt: skip
     print(f"{name} lens {args.lens}:", flush=True)
     err = check(head_dim, cfg, [int(n) for n in args.lens.split(",")])
     verdict = "right" if err <= TOLERANCE else "WRONG"

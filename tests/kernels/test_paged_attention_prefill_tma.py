@@ -25,12 +25,14 @@ if ON_GPU:
     )
 
 
-def _cfg(block_m, block_n, num_warps=4, num_stages=1, ws=0, peel=0):
+def _cfg(block_m, block_n, num_warps=4, num_stages=1, ws=0, peel=0, heads_fastest=0):
     """The kernel module's configuration, with the interpreter's defaults (imported lazily, as
     the ``tops`` fixture imports triton)."""
     from engine_kernels.paged_attention_prefill_tma import _cfg as kernel_cfg
 
-    return kernel_cfg(block_m, block_n, num_warps, num_stages, ws, peel)
+    return kernel_cfg(
+        block_m, block_n, num_warps, num_stages, ws, peel, heads_fastest=heads_fastest
+    )
 
 
 def _configs(head_dim: int) -> list[dict]:
@@ -38,9 +40,11 @@ def _configs(head_dim: int) -> list[dict]:
         from engine_kernels.paged_attention_prefill_tma import CANDIDATE_CONFIGS
 
         return CANDIDATE_CONFIGS[head_dim]
-    # peel: the diagonal of a 32-row tile in two key tiles, of a 16-row tile in one
+    # peel: the diagonal of a 32-row tile in two key tiles, of a 16-row tile in one;
+    # heads_fastest: another mapping of programs to (sequence, tile, head)
     return [_cfg(16, 16), _cfg(32, 16), _cfg(32, 32, ws=1), _cfg(32, 16, peel=1),
-            _cfg(16, 16, peel=1)]  # fmt: skip
+            _cfg(16, 16, peel=1), _cfg(16, 16, heads_fastest=1),
+            _cfg(32, 16, peel=1, heads_fastest=1)]  # fmt: skip
 
 
 # (cached prefix, new tokens): fresh sequences of one token, one tile, odd lengths; sequences with
@@ -92,7 +96,7 @@ def _reference(q, k_cache, v_cache, tables, lens, qsl, scale):
     [(d, c) for d in (64, 128) for c in _configs(d)],
     ids=[
         f"d{d}-m{c['block_m']}n{c['block_n']}w{c['num_warps']}s{c['num_stages']}"
-        f"ws{c['warp_specialize']}p{c['peel']}g{c['gluon']}"
+        f"ws{c['warp_specialize']}p{c['peel']}g{c['gluon']}h{c['heads_fastest']}"
         for d in (64, 128)
         for c in _configs(d)
     ],
