@@ -56,24 +56,14 @@ def _softmax(s, m_i, l_i, n0, m0, offs_m, offs_n, scale_log2, BLOCK_N: gl.conste
 
 
 @gluon.jit
-def _program_tile(seq_lens_ptr, qsl_ptr, num_heads, BLOCK_M: gl.constexpr,
-                  HEADS_FASTEST: gl.constexpr):  # fmt: skip
+def _program_tile(seq_lens_ptr, qsl_ptr, num_heads, BLOCK_M: gl.constexpr):
     """This program's query tile: (first row m0, head h, q_start, q_len, seq_len; a sequence
     with a cached prefix, seq_len > q_len, is the paged kernel's). Longest query tiles first
-    (the last tiles of a causal sequence see the most keys); by default axis 1 walks (sequence,
-    head) so that the programs running together share K/V in L2. ``HEADS_FASTEST``: launched
-    by sequence, then tile, then head (``paged_attention_prefill._query_tile``)."""
-    if HEADS_FASTEST:
-        tiles = gl.num_programs(0)
-        launch = gl.program_id(0) + gl.program_id(1) * tiles  # x varies fastest
-        b = launch // (tiles * num_heads)
-        within = launch % (tiles * num_heads)
-        m0 = (tiles - 1 - within // num_heads) * BLOCK_M
-        h = within % num_heads
-    else:
-        m0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
-        b = gl.program_id(1) // num_heads
-        h = gl.program_id(1) % num_heads
+    (the last tiles of a causal sequence see the most keys); axis 1 walks (sequence, head) so
+    that the programs running together share K/V in L2."""
+    m0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M
+    b = gl.program_id(1) // num_heads
+    h = gl.program_id(1) % num_heads
     q_start = gl.load(qsl_ptr + b)
     q_len = gl.load(qsl_ptr + b + 1) - q_start
     return m0, h, q_start, q_len, gl.load(seq_lens_ptr + b)
@@ -173,16 +163,14 @@ def _prefill_gluon_ws_kernel(
     desc_q, desc_k, desc_v, o_ptr, seq_lens_ptr, qsl_ptr, scale_log2, stride_ot, stride_oh,
     num_heads,
     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, HEADS_FASTEST: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
 ):  # fmt: skip
     """Warp-specialised: a loader warp and ``BLOCK_M / 64`` (2 or 3) consumer warpgroups of 64
     rows each that share nothing but the K/V stages, so that one's softmax overlaps another's
     matrix products (no CTA-wide barrier keeps them in step)."""
     CONSUMERS: gl.constexpr = BLOCK_M // 64
     Q_SLOTS: gl.constexpr = 2 if CONSUMERS == 2 else 4  # shared-memory shapes are powers of 2
-    m0, h, q_start, q_len, seq_len = _program_tile(
-        seq_lens_ptr, qsl_ptr, num_heads, BLOCK_M, HEADS_FASTEST
-    )
+    m0, h, q_start, q_len, seq_len = _program_tile(seq_lens_ptr, qsl_ptr, num_heads, BLOCK_M)
     if seq_len != q_len:
         return  # a cached prefix: the paged kernel's sequence
     if m0 >= q_len:
@@ -271,7 +259,6 @@ def attend_fresh(
     out: torch.Tensor,
     block_m: int,
     block_n: int,
-    heads_fastest: bool = False,
 ) -> None:
     """The kernel's launch for ``paged_attention_prefill_tma.attend_fresh`` (``gluon`` in its
     configuration), which checks the inputs and the tile: a consumer warpgroup per 64 of
@@ -282,6 +269,6 @@ def attend_fresh(
         _descriptor(q, 64), _descriptor(k_new, block_n), _descriptor(v_new, block_n), out,
         seq_lens, query_start_loc, scale * _LOG2E, out.stride(0), out.stride(1), num_heads,
         GROUP=num_heads // k_new.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        CONSUMER_REGS=WS_CONSUMER_REGS[block_m // 64], HEADS_FASTEST=heads_fastest,
+        CONSUMER_REGS=WS_CONSUMER_REGS[block_m // 64],
         num_warps=4,  # the first consumer; the others and the loader are the partitions'
     )  # fmt: skip

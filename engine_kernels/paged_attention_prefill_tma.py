@@ -101,29 +101,29 @@ def _cfg(
             "gluon": gluon, "heads_fastest": heads_fastest}  # fmt: skip
 
 
-def _gluon_cfg(block_n: int, block_m: int = 128, heads_fastest: int = 0) -> dict:
+def _gluon_cfg(block_n: int, block_m: int = 128) -> dict:
     """The warp-specialised Gluon kernel (``gluon=2``): a loader warp and a consumer warpgroup
-    per 64 rows, ``block_m`` 128 or 192."""
-    return _cfg(block_m, block_n, 4, 2, 0, 1, gluon=2, heads_fastest=heads_fastest)
+    per 64 rows, ``block_m`` 128 or 192; its programs in the default order."""
+    return _cfg(block_m, block_n, 4, 2, 0, 1, gluon=2)
 
 
 # Per head dim, the fastest of an H100 sweep (d128: the warp-specialised Gluon kernel, 0.91 to
-# 1.00x cuDNN, 2026-12-06 18:25 to 20:05 UTC; d64 with the diagonal peeled 2026-12-06, where
-# the Gluon kernel's best, 192 x 64, was 0.87x and 192 x 128, which spills, 0.45x;
-# docs/performance.md); the candidates are what the benchmark's sweep times and the CUDA tests
-# check. With warp specialisation ``num_warps`` is per warpgroup (Triton adds the producer and a
-# second consumer), and three stages of 128 x 128 tiles at d128 exceed the 227 KB of shared
-# memory.
-CUDA_CONFIGS = {64: _cfg(128, 64, 4, 3, 0, 1), 128: _gluon_cfg(128)}
+# 1.00x cuDNN, 2026-12-06 18:25 to 20:05 UTC; d64: the Triton kernel with the diagonal peeled
+# and its programs heads fastest, 1.4 to 2.2% faster than in the default order in two sweeps of
+# one call, 20:20 UTC; the Gluon kernel's best at d64, 192 x 64, was 0.87x, and 192 x 128,
+# which spills, 0.45x; docs/performance.md); the candidates are what the benchmark's sweep
+# times and the CUDA tests check. With warp specialisation ``num_warps`` is per warpgroup
+# (Triton adds the producer and a second consumer), and three stages of 128 x 128 tiles at d128
+# exceed the 227 KB of shared memory.
+CUDA_CONFIGS = {64: _cfg(128, 64, 4, 3, 0, 1, heads_fastest=1), 128: _gluon_cfg(128)}
 # Under the interpreter (CPU tensors: CI) the Triton kernel, the Gluon kernel's twin.
 INTERPRETER_CONFIGS = {64: CUDA_CONFIGS[64], 128: _cfg(128, 128, 4, 2, 1)}
 CANDIDATE_CONFIGS = {
-    64: [_cfg(128, 64, 4, 3, 0, 1), _cfg(128, 64, 4, 3, 0, 1, heads_fastest=1),
+    64: [_cfg(128, 64, 4, 3, 0, 1, heads_fastest=1), _cfg(128, 64, 4, 3, 0, 1),
          _cfg(128, 64, 4, 3, 0), _cfg(128, 128, 4, 2, 1),
          _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 64, 4, 4, 0, 1), _cfg(64, 64, 4, 2, 0, 1),
          _gluon_cfg(128), _gluon_cfg(64), _gluon_cfg(64, 192)],
-    128: [_gluon_cfg(128), _gluon_cfg(128, heads_fastest=1), _gluon_cfg(64),
-          _cfg(128, 128, 4, 2, 1), _cfg(128, 128, 4, 2, 1, heads_fastest=1), _cfg(128, 64, 4, 2, 1),
+    128: [_gluon_cfg(128), _gluon_cfg(64), _cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1),
           _cfg(128, 64, 8, 3, 0), _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 128, 8, 3, 0, 1)],
 }  # fmt: skip
 # Warp-specialised with three stages, every candidate left rows NaN on an H100 (Triton 3.6,
@@ -208,13 +208,12 @@ def attend_fresh(
 
         if not q.is_cuda:
             raise ValueError("the Gluon prefill kernel runs on CUDA only (no interpreter)")
-        order = cfg.get("heads_fastest", 0)
-        if block_m not in (128, 192) or cfg != _gluon_cfg(block_n, block_m, order):
+        if block_m not in (128, 192) or cfg != _gluon_cfg(block_n, block_m):
             raise ValueError(f"the Gluon prefill kernel's tile is fixed: {_gluon_cfg(block_n)}"
                              " (block_m 128 or 192)")  # fmt: skip
         gluon.attend_fresh(q, k_new, v_new, seq_lens, query_start_loc, scale,
                            max_query_len=max_query_len, out=out, block_m=block_m,
-                           block_n=block_n, heads_fastest=bool(order))  # fmt: skip
+                           block_n=block_n)  # fmt: skip
         return
     assert block_m % block_n == 0, "query tiles must start on key tile boundaries"
     grid = (triton.cdiv(max_query_len, block_m), batch * num_heads)
