@@ -110,7 +110,7 @@ def _gluon_cfg(block_n: int, block_m: int = 128) -> dict:
 # Per head dim, the fastest of an H100 sweep (d128: the warp-specialised Gluon kernel, 0.91 to
 # 1.00x cuDNN, 2026-12-06 18:25 to 20:05 UTC; d64: the Triton kernel with the diagonal peeled
 # and its programs heads fastest, 1.4 to 2.2% faster than in the default order in two sweeps of
-# one call, 20:20 UTC; the Gluon kernel's best at d64, 192 x 64, was 0.87x, and 192 x 128,
+# one call, 20:19 UTC; the Gluon kernel's best at d64, 192 x 64, was 0.87x, and 192 x 128,
 # which spills, 0.45x; docs/performance.md); the candidates are what the benchmark's sweep
 # times and the CUDA tests check. With warp specialisation ``num_warps`` is per warpgroup
 # (Triton adds the producer and a second consumer), and three stages of 128 x 128 tiles at d128
