@@ -51,7 +51,7 @@ for name in $STEPS; do
     prefill) TAIL=12 step prefill 200 python3 -m benchmarks.kernels --only prefill \
       $([ "${SWEEP:-0}" = 1 ] && echo --sweep) ;;
     decode) TAIL=10 step decode 60 python3 -m benchmarks.kernels --only decode ;;
-    throughput) TAIL=14 step throughput 300 python3 -m benchmarks.gpu_throughput \
+    throughput) TAIL=18 step throughput 300 python3 -m benchmarks.gpu_throughput \
       --engines "${THROUGHPUT_ENGINES:-llm,async,llm,async}" ;;
     kernel_tests) TAIL=3 step kernel_tests 200 python3 -m pytest tests/kernels -q -n 16 \
       -p no:cacheprovider -o addopts="" ;;
