@@ -89,16 +89,27 @@ def _prefill_tma_kernel(
     tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(offs_m < end)[:, None])
 
 
+# A configuration's keys, in the order of ``_cfg``'s arguments (the probe's positional ints).
+CONFIG_KEYS = ("block_m", "block_n", "num_warps", "num_stages", "warp_specialize", "peel",
+               "gluon", "heads_fastest", "maxnreg")  # fmt: skip
+
+
 def _cfg(
     block_m: int, block_n: int, num_warps: int, num_stages: int, ws: int, peel: int = 0,
-    gluon: int = 0, heads_fastest: int = 0,
+    gluon: int = 0, heads_fastest: int = 0, maxnreg: int = 0,
 ) -> dict:  # fmt: skip
     """``gluon``: run one of ``paged_attention_prefill_gluon``'s kernels instead (CUDA only;
     their tile and pipeline are fixed, ``_gluon_cfg``). ``heads_fastest``: the programs'
-    order (``paged_attention_prefill._query_tile``)."""
-    return {"block_m": block_m, "block_n": block_n, "num_warps": num_warps,
-            "num_stages": num_stages, "warp_specialize": ws, "peel": peel,
-            "gluon": gluon, "heads_fastest": heads_fastest}  # fmt: skip
+    order (``paged_attention_prefill._query_tile``). ``maxnreg``: a cap on registers per thread
+    (0: the compiler's choice), so that more programs fit on a multiprocessor."""
+    values = (block_m, block_n, num_warps, num_stages, ws, peel, gluon, heads_fastest, maxnreg)
+    return dict(zip(CONFIG_KEYS, values, strict=True))
+
+
+def config_name(cfg: dict) -> str:
+    """A configuration in one short token, for logs and test ids: ``m128n64w4s3ws0p1g0h1r160``."""
+    short = ("m", "n", "w", "s", "ws", "p", "g", "h", "r")
+    return "".join(f"{k}{cfg.get(key, 0)}" for k, key in zip(short, CONFIG_KEYS, strict=True))
 
 
 def _gluon_cfg(block_n: int, block_m: int = 128) -> dict:
@@ -118,13 +129,23 @@ def _gluon_cfg(block_n: int, block_m: int = 128) -> dict:
 CUDA_CONFIGS = {64: _cfg(128, 64, 4, 3, 0, 1, heads_fastest=1), 128: _gluon_cfg(128)}
 # Under the interpreter (CPU tensors: CI) the Triton kernel, the Gluon kernel's twin.
 INTERPRETER_CONFIGS = {64: CUDA_CONFIGS[64], 128: _cfg(128, 128, 4, 2, 1)}
+# maxnreg: register caps that fit one more program per multiprocessor without spilling in the
+# loop (sm_90, Triton 3.6: d64 128 x 64 at 211 registers fits 2 programs, at 160 3, 16 B of
+# stack outside the main loop; 128 x 128 with 8 warps at 165 fits 1, at 128 2, no stack).
 CANDIDATE_CONFIGS = {
     64: [_cfg(128, 64, 4, 3, 0, 1, heads_fastest=1), _cfg(128, 64, 4, 3, 0, 1),
          _cfg(128, 64, 4, 3, 0), _cfg(128, 128, 4, 2, 1),
          _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 64, 4, 4, 0, 1), _cfg(64, 64, 4, 2, 0, 1),
-         _gluon_cfg(128), _gluon_cfg(64), _gluon_cfg(64, 192)],
+         _gluon_cfg(128), _gluon_cfg(64), _gluon_cfg(64, 192),
+         _cfg(128, 64, 4, 3, 0, 1, heads_fastest=1, maxnreg=160),
+         _cfg(128, 64, 4, 3, 0, 1, heads_fastest=1, maxnreg=168),
+         _cfg(128, 64, 4, 2, 0, 1, heads_fastest=1, maxnreg=160),
+         _cfg(128, 128, 8, 2, 0, 1, maxnreg=128),
+         _cfg(128, 128, 8, 2, 0, 1, heads_fastest=1, maxnreg=128)],
     128: [_gluon_cfg(128), _gluon_cfg(64), _cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1),
-          _cfg(128, 64, 8, 3, 0), _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 128, 8, 3, 0, 1)],
+          _cfg(128, 64, 8, 3, 0), _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 128, 8, 3, 0, 1),
+          _cfg(128, 64, 8, 2, 0, 1, maxnreg=128),
+          _cfg(128, 64, 8, 2, 0, 1, heads_fastest=1, maxnreg=128)],
 }  # fmt: skip
 # Warp-specialised with three stages, every candidate left rows NaN on an H100 (Triton 3.6,
 # 2026-12-05: the CUDA kernel tests); two stages were right.
@@ -225,4 +246,5 @@ def attend_fresh(
         WARP_SPECIALIZE=bool(cfg["warp_specialize"]), PEEL_DIAGONAL=bool(cfg.get("peel", 0)),
         HEADS_FASTEST=bool(cfg.get("heads_fastest", 0)),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        maxnreg=cfg.get("maxnreg") or None,
     )  # fmt: skip

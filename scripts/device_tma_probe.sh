@@ -5,18 +5,18 @@
 # each that did on the kernel benchmark's prefill shape against the fastest SDPA backend (the
 # benchmark's --sweep times them in one process, which a hang would stop). LIMIT: seconds per
 # probe. PROBE: configurations to probe instead of the candidates, ';'-separated lines of the
-# probe's 9 ints (one not yet a candidate, such as the warp-specialised Gluon kernel's
-# "128 128 128 4 2 0 1 2 0"). Exits 0 when the kernel's defaults (CUDA_CONFIGS), or with PROBE
-# every configuration named, returned right on every probe.
+# probe's ints (head_dim, then the kernel module's CONFIG_KEYS in order, those left out 0, such
+# as the warp-specialised Gluon kernel's "128 128 128 4 2 0 1 2"). Exits 0 when the kernel's
+# defaults (CUDA_CONFIGS), or with PROBE every configuration named, returned right on every
+# probe.
 set -uo pipefail
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ENGINE_KERNELS_TMA_PREFILL=1
 LIMIT="${LIMIT:-90}"
-configs() {  # configs NAME: one "head_dim block_m ... peel gluon heads_fastest" line each
+configs() {  # configs NAME: one "head_dim block_m block_n ..." line each (CONFIG_KEYS)
   python3 -c "from engine_kernels import paged_attention_prefill_tma as t
-cs = t.$1
-for d, cl in sorted(cs.items()):
+for d, cl in sorted(t.$1.items()):
     for c in cl if isinstance(cl, list) else [cl]:
-        print(d, *(c[k] for k in ('block_m', 'block_n', 'num_warps', 'num_stages', 'warp_specialize', 'peel', 'gluon', 'heads_fastest')))"
+        print(d, *(c[k] for k in t.CONFIG_KEYS))"
 }
 if [ -n "${PROBE:-}" ]; then
   IFS=';' read -ra CONFIGS <<< "$PROBE"

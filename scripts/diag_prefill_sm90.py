@@ -54,8 +54,9 @@ def compile_config(head_dim: int, cfg: dict):
     kernel = triton.compile(
         ASTSource(_prefill_tma_kernel, signature, constants),
         target=GPUTarget("cuda", 90, 128),
-        options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
-    )
+        options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
+                 **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {})},
+    )  # fmt: skip
     return kernel
 
 

@@ -7,7 +7,7 @@ came. A hung kernel never gives control back: run each configuration in its own 
 time, those that came back right).
 
     ENGINE_KERNELS_TMA_PREFILL=1 timeout 60 python3 scripts/probe_tma_prefill.py \
-        128 128 128 4 2 1 0 0 --lens 512,100 [--time]
+        128 128 128 4 2 1 --lens 512,100 [--time]
 
 ``--time`` also times the configuration on the kernel benchmark's prefill shape (8 x 4096
 tokens, 16 heads) against the fastest SDPA backend (alone on the GPU, or the times mean nothing).
@@ -75,20 +75,23 @@ def timed(head_dim: int, cfg: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "config", type=int, nargs=9, metavar="N",
-        help="head_dim block_m block_n warps stages ws peel gluon heads_fastest (1: warp-"
-        "specialised; 1: the diagonal tiles peeled after the loop; 2: the Gluon kernel, as "
-        "4 2 0 1 2; 1: the programs launched heads fastest)",
+        "config", type=int, nargs="+", metavar="N",
+        help="head_dim, then the configuration's values in the order of the kernel module's "
+        f"CONFIG_KEYS ({' '.join(tma.CONFIG_KEYS)}); those left out are 0. ws 1: warp-"
+        "specialised; peel 1: the diagonal tiles peeled after the loop; gluon 2: the Gluon "
+        "kernel, as 4 2 0 1 2; heads_fastest 1: the programs launched heads fastest; maxnreg: "
+        "a cap on registers per thread",
     )  # fmt: skip
     parser.add_argument("--lens", default="512", help="comma-separated sequence lengths")
     parser.add_argument("--time", action="store_true")
     args = parser.parse_args()
     if os.environ.get(TMA_PREFILL_OPT_IN) != "1":
         sys.exit(f"set {TMA_PREFILL_OPT_IN}=1: the kernel is opt-in on CUDA")
-    head_dim, block_m, block_n, warps, stages, ws, peel, gluon, order = args.config
-    cfg = tma._cfg(block_m, block_n, warps, stages, ws, peel, gluon, order)
-    name = (f"d{head_dim} {block_m}x{block_n} w{warps} s{stages} ws{ws} peel{peel} "
-            f"gluon{gluon} heads_fastest{order}")  # fmt: skip
+    if not 3 <= len(args.config) <= 1 + len(tma.CONFIG_KEYS):
+        parser.error(f"give head_dim and 2 to {len(tma.CONFIG_KEYS)} values of CONFIG_KEYS")
+    head_dim, *values = args.config
+    cfg = tma._cfg(*values, *[0] * (len(tma.CONFIG_KEYS) - len(values)))
+    name = f"d{head_dim} {tma.config_name(cfg)}"
     print(f"{name} lens {args.lens}:", flush=True)
     err = check(head_dim, cfg, [int(n) for n in args.lens.split(",")])
     verdict = "right" if err <= TOLERANCE else "WRONG"

@@ -25,14 +25,14 @@ if ON_GPU:
     )
 
 
-def _cfg(block_m, block_n, num_warps=4, num_stages=1, ws=0, peel=0, heads_fastest=0):
+def _cfg(block_m, block_n, num_warps=4, num_stages=1, ws=0, peel=0, heads_fastest=0,
+         maxnreg=0):  # fmt: skip
     """The kernel module's configuration, with the interpreter's defaults (imported lazily, as
     the ``tops`` fixture imports triton)."""
     from engine_kernels.paged_attention_prefill_tma import _cfg as kernel_cfg
 
-    return kernel_cfg(
-        block_m, block_n, num_warps, num_stages, ws, peel, heads_fastest=heads_fastest
-    )
+    return kernel_cfg(block_m, block_n, num_warps, num_stages, ws, peel,
+                      heads_fastest=heads_fastest, maxnreg=maxnreg)  # fmt: skip
 
 
 def _configs(head_dim: int) -> list[dict]:
@@ -44,7 +44,13 @@ def _configs(head_dim: int) -> list[dict]:
     # heads_fastest: another mapping of programs to (sequence, tile, head)
     return [_cfg(16, 16), _cfg(32, 16), _cfg(32, 32, ws=1), _cfg(32, 16, peel=1),
             _cfg(16, 16, peel=1), _cfg(16, 16, heads_fastest=1),
-            _cfg(32, 16, peel=1, heads_fastest=1)]  # fmt: skip
+            _cfg(32, 16, peel=1, heads_fastest=1, maxnreg=160)]  # fmt: skip
+
+
+def _name(cfg: dict) -> str:
+    from engine_kernels.paged_attention_prefill_tma import config_name
+
+    return config_name(cfg)
 
 
 # (cached prefix, new tokens): fresh sequences of one token, one tile, odd lengths; sequences with
@@ -91,15 +97,15 @@ def _reference(q, k_cache, v_cache, tables, lens, qsl, scale):
     )
 
 
+# The paged kernel's launch under the interpreter: small tiles (None: its defaults on CUDA).
+_PAGED_CPU = None if ON_GPU else {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1,
+                                  "loop": 1}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("head_dim", "cfg"),
     [(d, c) for d in (64, 128) for c in _configs(d)],
-    ids=[
-        f"d{d}-m{c['block_m']}n{c['block_n']}w{c['num_warps']}s{c['num_stages']}"
-        f"ws{c['warp_specialize']}p{c['peel']}g{c['gluon']}h{c['heads_fastest']}"
-        for d in (64, 128)
-        for c in _configs(d)
-    ],
+    ids=[f"d{d}-{_name(c)}" for d in (64, 128) for c in _configs(d)],
 )
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (2, 2)])
 def test_tma_prefill(tops, dtype, device, head_dim, cfg, heads, kv_heads):
@@ -114,9 +120,7 @@ def test_tma_prefill(tops, dtype, device, head_dim, cfg, heads, kv_heads):
     out = torch.full_like(q, float("nan"))
     tops.paged_attention_prefill(
         q, k_cache, v_cache, tables, lens, qsl, 0.09, max_query_len=max_q, out=out,
-        k_new=k_new, v_new=v_new, tma_config=cfg,
-        config=None if ON_GPU else {"block_m": 16, "block_n": 16, "num_warps": 4,
-                                    "num_stages": 1, "loop": 1},
+        k_new=k_new, v_new=v_new, tma_config=cfg, config=_PAGED_CPU,
     )  # fmt: skip
     assert_close(out, _reference(q, k_cache, v_cache, tables, lens, qsl, 0.09), dtype)
 
