@@ -295,6 +295,7 @@ def _run_prefill(inputs, length: int, scale: float, kind: str, cfg: dict | None 
         q, kc, vc, tables, lens, qsl, scale, max_query_len=length, out=out,
         k_new=k_new if tma else None, v_new=v_new if tma else None,
         config=None if tma else cfg, tma_config=cfg if tma else None,
+        max_prefix_len=0,  # no cached prefix in this batch, and the engine says so too
     )  # fmt: skip
 
 

@@ -21,12 +21,14 @@ and ignored by the reference:
 - ``projection_add_rms_norm(x, weight, residual, norm_weight, eps, *, silu_gate=False)``: a
   layer's o or down projection with the residual add + RMSNorm after it (and for down the
   SiLU-and-mul before it), split-K on CUDA where measured faster (``linear_split_k.py``).
-- ``paged_attention_prefill(..., max_query_len=None, out=None, k_new=None, v_new=None)``: pass
-  the step's longest query run (the scheduler knows it) to avoid the one host sync that computes
-  it; pass the step's new keys and values as ``[tokens, kv_heads, head_dim]`` views (what
-  ``qk_norm_rope_store(..., keep_k=True)`` leaves in ``qkv``) to let sequences with no cached
-  prefix read them through TMA on Hopper (``engine_kernels/paged_attention_prefill_tma.py``).
-  That kernel is opt-in on CUDA (``ENGINE_KERNELS_TMA_PREFILL=1``, ``tma_prefill_enabled``).
+- ``paged_attention_prefill(..., max_query_len=None, out=None, k_new=None, v_new=None,
+  max_prefix_len=None)``: pass the step's longest query run (the scheduler knows it) to avoid
+  the one host sync that computes it; pass the step's new keys and values as
+  ``[tokens, kv_heads, head_dim]`` views (what ``qk_norm_rope_store(..., keep_k=True)`` leaves
+  in ``qkv``) to let sequences with no cached prefix read them through TMA on Hopper
+  (``engine_kernels/paged_attention_prefill_tma.py``), and its longest cached prefix (0: none)
+  to spare the paged kernel when TMA takes every sequence. That kernel is opt-in on CUDA
+  (``ENGINE_KERNELS_TMA_PREFILL=1``, ``tma_prefill_enabled``).
 """
 
 from __future__ import annotations
@@ -166,6 +168,7 @@ def paged_attention_prefill(
     out: torch.Tensor | None = None,
     k_new: torch.Tensor | None = None,
     v_new: torch.Tensor | None = None,
+    max_prefix_len: int | None = None,
 ) -> torch.Tensor:
     backend = _backend(q)
     if backend is reference:
@@ -176,6 +179,7 @@ def paged_attention_prefill(
     return backend.paged_attention_prefill(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
         max_query_len=max_query_len, out=out, k_new=k_new, v_new=v_new,
+        max_prefix_len=max_prefix_len,
     )  # fmt: skip
 
 

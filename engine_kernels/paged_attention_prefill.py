@@ -239,6 +239,7 @@ def paged_attention_prefill(
     k_new: torch.Tensor | None = None,
     v_new: torch.Tensor | None = None,
     tma_config: dict[str, int] | None = None,
+    max_prefix_len: int | None = None,
 ) -> torch.Tensor:
     """Triton twin of ``reference.paged_attention_prefill``.
 
@@ -247,7 +248,9 @@ def paged_attention_prefill(
     ``k_new`` / ``v_new`` (``[tokens, kv_heads, head_dim]``, the keys and values this step stored
     into the cache) let the sequences with no cached prefix run on the TMA kernel where it runs
     (``paged_attention_prefill_tma.supported``), with ``tma_config``; ``config`` sets the paged
-    kernel's launch.
+    kernel's launch. ``max_prefix_len``: the longest cached prefix of the batch (``seq_lens``
+    less the new tokens), where the caller knows it; 0 with the TMA kernel taking the sequences
+    spares the paged kernel's launch, whose every program would have nothing to do.
     """
     tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -267,6 +270,8 @@ def paged_attention_prefill(
     if use_tma:
         tma.attend_fresh(q, k_new, v_new, seq_lens, query_start_loc, scale,
                          max_query_len=max_query_len, out=out, config=tma_config)  # fmt: skip
+        if max_prefix_len == 0:
+            return out
     cfg = {**default_config(q), **(config or {})}
     grid = (triton.cdiv(max_query_len, cfg["block_m"]), batch * num_heads)
     _prefill_kernel[grid](

@@ -208,6 +208,7 @@ class ModelRunner:
                 prefill_query_start_loc=None if ones == 0 else _to_device(
                     (query_start_loc[ones:] - ones).astype(np.int32), torch.int32, self.device
                 ),
+                max_prefix_len=max(starts[ones:], default=0),
             )
             hidden = self.model(
                 _to_device(input_ids, torch.int64, self.device),

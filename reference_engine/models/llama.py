@@ -35,6 +35,9 @@ class ForwardContext:
     # ``num_decode_rows`` on, relative to it).
     num_decode_rows: int = 0
     prefill_query_start_loc: torch.Tensor | None = None
+    # The longest cached prefix (sequence length less new tokens) of the prefill kernel's rows;
+    # None: unknown.
+    max_prefix_len: int | None = None
 
 
 class RMSNorm(nn.Module):
@@ -117,7 +120,7 @@ class Attention(nn.Module):
                 q[d:], k_cache, v_cache, ctx.block_tables[d:], ctx.seq_lens[d:],
                 ctx.prefill_query_start_loc if d else ctx.query_start_loc, self.scale,
                 max_query_len=ctx.max_query_len, out=None if o is None else o[d:],
-                k_new=k_new, v_new=v_new,
+                k_new=k_new, v_new=v_new, max_prefix_len=ctx.max_prefix_len,
             )  # fmt: skip
             o = prefill if o is None else o
         return o.reshape(n, self.q_size)

@@ -121,8 +121,41 @@ def test_tma_prefill(tops, dtype, device, head_dim, cfg, heads, kv_heads):
     tops.paged_attention_prefill(
         q, k_cache, v_cache, tables, lens, qsl, 0.09, max_query_len=max_q, out=out,
         k_new=k_new, v_new=v_new, tma_config=cfg, config=_PAGED_CPU,
+        max_prefix_len=max(prefix for prefix, _ in CASES),
     )  # fmt: skip
     assert_close(out, _reference(q, k_cache, v_cache, tables, lens, qsl, 0.09), dtype)
+
+
+@pytest.mark.parametrize("prefix", [0, 7])
+def test_max_prefix_len_zero_spares_the_paged_kernel(tops, dtype, device, monkeypatch, prefix):
+    """``max_prefix_len=0`` (no sequence has a cached prefix) with the TMA kernel taking the
+    sequences: the paged kernel is not launched, and every row is right. A batch with a prefix,
+    given its longest, still launches it (its rows would be left unwritten otherwise)."""
+    if ON_GPU and dtype == torch.float32:
+        pytest.skip("the TMA kernel takes 16-bit inputs")
+    from engine_kernels import paged_attention_prefill as paged
+
+    launches = []
+    kernel = paged._prefill_kernel
+
+    class CountingLaunch:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(paged, "_prefill_kernel", CountingLaunch())
+    cases = [(0, 20), (prefix, 9), (0, 3)]
+    q, k_new, v_new, k_cache, v_cache, tables, lens, qsl, max_q = _inputs(
+        cases, 4, 2, 64, dtype, device
+    )
+    out = torch.full_like(q, float("nan"))
+    tops.paged_attention_prefill(
+        q, k_cache, v_cache, tables, lens, qsl, 0.125, max_query_len=max_q, out=out,
+        k_new=k_new, v_new=v_new, config=_PAGED_CPU, max_prefix_len=prefix,
+        tma_config=None if ON_GPU else _cfg(16, 16),
+    )  # fmt: skip
+    assert len(launches) == (prefix > 0)
+    assert_close(out, _reference(q, k_cache, v_cache, tables, lens, qsl, 0.125), dtype)
 
 
 def test_tma_kernel_writes_only_fresh_sequences(tops, dtype, device):
