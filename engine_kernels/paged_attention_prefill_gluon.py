@@ -101,13 +101,17 @@ def _ws_load(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_r
 
 
 @gluon.jit
-def _ws_consume(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free, o_ptr,
+def _ws_consume(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free, turn, o_ptr,
                 scale_log2, stride_ot, stride_oh, q_start, h, m0, end, n_tiles,
-                PART: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+                PART: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
     """Consumer warpgroup ``PART``: the 64 query rows from ``m0 + 64 * PART``, the overlapped
     loop of the module docstring, each stage released as soon as its last reader finished.
     Every consumer walks every key tile of the program (the stages are released by all of them);
-    the tiles past its rows are masked whole."""
+    the tiles past its rows are masked whole. ``PINGPONG``: the consumers issue their matrix
+    products in turn (consumer ``PART`` waits on ``turn[PART]``, then passes the turn on), so
+    that the tensor cores serve one while the others run their softmax (FlashAttention-3's
+    scheduling, there with named barriers)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
     )
@@ -135,14 +139,26 @@ def _ws_consume(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
         stage = j % 2
         prev = 1 - stage
         mbarrier.wait(k_ready.index(stage), (j // 2) & 1)
+        if PINGPONG:
+            # Both tiles first, so that no consumer holds the turn waiting on a load. Then the
+            # (j - 1)-th turn: consumer 0's first needs none and its later ones follow the last
+            # consumer's previous turn; consumer PART's follow consumer PART - 1's.
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // 2) & 1)
+            if PART == 0:
+                mbarrier.wait(turn.index(0), j & 1, pred=j >= 2)
+            else:
+                mbarrier.wait(turn.index(PART), (j - 1) & 1)
         s_tok = warpgroup_mma(
             q_rows, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True
         )
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // 2) & 1)
+        if not PINGPONG:
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // 2) & 1)
         o_tok = warpgroup_mma(
             gl.convert_layout(p.to(v_smem.dtype), p_layout), v_smem.index(prev), acc,
             is_async=True,
         )  # fmt: skip
+        if PINGPONG:
+            mbarrier.arrive(turn.index((PART + 1) % CONSUMERS), count=1)
         s = warpgroup_mma_wait(1, deps=[s_tok])
         mbarrier.arrive(k_free.index(stage), count=1)
         p, alpha, m_i, l_i = _softmax(
@@ -163,11 +179,12 @@ def _prefill_gluon_ws_kernel(
     desc_q, desc_k, desc_v, o_ptr, seq_lens_ptr, qsl_ptr, scale_log2, stride_ot, stride_oh,
     num_heads,
     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
 ):  # fmt: skip
     """Warp-specialised: a loader warp and ``BLOCK_M / 64`` (2 or 3) consumer warpgroups of 64
     rows each that share nothing but the K/V stages, so that one's softmax overlaps another's
-    matrix products (no CTA-wide barrier keeps them in step)."""
+    matrix products (no CTA-wide barrier keeps them in step; ``PINGPONG``: their matrix products
+    issued in turn)."""
     CONSUMERS: gl.constexpr = BLOCK_M // 64
     Q_SLOTS: gl.constexpr = 2 if CONSUMERS == 2 else 4  # shared-memory shapes are powers of 2
     m0, h, q_start, q_len, seq_len = _program_tile(seq_lens_ptr, qsl_ptr, num_heads, BLOCK_M)
@@ -186,7 +203,11 @@ def _prefill_gluon_ws_kernel(
     v_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     v_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [Q_SLOTS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
+    if PINGPONG:
+        for i in gl.static_range(CONSUMERS):
+            mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -198,11 +219,11 @@ def _prefill_gluon_ws_kernel(
         gl.warp_specialize(
             [
                 (_ws_consume, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
-                               o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0, end,
-                               n_tiles, 0, HEAD_DIM, BLOCK_N)),
+                               turn, o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0,
+                               end, n_tiles, 0, HEAD_DIM, BLOCK_N, CONSUMERS, PINGPONG)),
                 (_ws_consume, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
-                               o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0, end,
-                               n_tiles, 1, HEAD_DIM, BLOCK_N)),
+                               turn, o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0,
+                               end, n_tiles, 1, HEAD_DIM, BLOCK_N, CONSUMERS, PINGPONG)),
                 (_ws_load, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready,
                             v_ready, k_free, v_free, q_start + m0, h * HEAD_DIM, q_start, col,
                             n_tiles, CONSUMERS, BLOCK_N)),
@@ -214,14 +235,14 @@ def _prefill_gluon_ws_kernel(
         gl.warp_specialize(
             [
                 (_ws_consume, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
-                               o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0, end,
-                               n_tiles, 0, HEAD_DIM, BLOCK_N)),
+                               turn, o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0,
+                               end, n_tiles, 0, HEAD_DIM, BLOCK_N, CONSUMERS, PINGPONG)),
                 (_ws_consume, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
-                               o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0, end,
-                               n_tiles, 1, HEAD_DIM, BLOCK_N)),
+                               turn, o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0,
+                               end, n_tiles, 1, HEAD_DIM, BLOCK_N, CONSUMERS, PINGPONG)),
                 (_ws_consume, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
-                               o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0, end,
-                               n_tiles, 2, HEAD_DIM, BLOCK_N)),
+                               turn, o_ptr, scale_log2, stride_ot, stride_oh, q_start, h, m0,
+                               end, n_tiles, 2, HEAD_DIM, BLOCK_N, CONSUMERS, PINGPONG)),
                 (_ws_load, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready,
                             v_ready, k_free, v_free, q_start + m0, h * HEAD_DIM, q_start, col,
                             n_tiles, CONSUMERS, BLOCK_N)),
@@ -259,16 +280,18 @@ def attend_fresh(
     out: torch.Tensor,
     block_m: int,
     block_n: int,
+    pingpong: bool = False,
 ) -> None:
     """The kernel's launch for ``paged_attention_prefill_tma.attend_fresh`` (``gluon`` in its
     configuration), which checks the inputs and the tile: a consumer warpgroup per 64 of
-    ``block_m``'s rows, each its rows' own TMA copy of the queries."""
+    ``block_m``'s rows, each its rows' own TMA copy of the queries; ``pingpong``: the consumers'
+    matrix products issued in turn."""
     tokens, num_heads, head_dim = q.shape
     grid = (triton.cdiv(max_query_len, block_m), seq_lens.shape[0] * num_heads)
     _prefill_gluon_ws_kernel[grid](
         _descriptor(q, 64), _descriptor(k_new, block_n), _descriptor(v_new, block_n), out,
         seq_lens, query_start_loc, scale * _LOG2E, out.stride(0), out.stride(1), num_heads,
         GROUP=num_heads // k_new.shape[1], HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        CONSUMER_REGS=WS_CONSUMER_REGS[block_m // 64],
+        CONSUMER_REGS=WS_CONSUMER_REGS[block_m // 64], PINGPONG=pingpong,
         num_warps=4,  # the first consumer; the others and the loader are the partitions'
     )  # fmt: skip

@@ -112,10 +112,11 @@ def config_name(cfg: dict) -> str:
     return "".join(f"{k}{cfg.get(key, 0)}" for k, key in zip(short, CONFIG_KEYS, strict=True))
 
 
-def _gluon_cfg(block_n: int, block_m: int = 128) -> dict:
-    """The warp-specialised Gluon kernel (``gluon=2``): a loader warp and a consumer warpgroup
-    per 64 rows, ``block_m`` 128 or 192; its programs in the default order."""
-    return _cfg(block_m, block_n, 4, 2, 0, 1, gluon=2)
+def _gluon_cfg(block_n: int, block_m: int = 128, pingpong: int = 0) -> dict:
+    """The warp-specialised Gluon kernel (``gluon=2``; ``gluon=3`` with its consumers' matrix
+    products issued in turn): a loader warp and a consumer warpgroup per 64 rows, ``block_m``
+    128 or 192; its programs in the default order."""
+    return _cfg(block_m, block_n, 4, 2, 0, 1, gluon=3 if pingpong else 2)
 
 
 # Per head dim, the fastest of an H100 sweep (d128: the warp-specialised Gluon kernel, 0.91 to
@@ -145,7 +146,9 @@ CANDIDATE_CONFIGS = {
     128: [_gluon_cfg(128), _gluon_cfg(64), _cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1),
           _cfg(128, 64, 8, 3, 0), _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 128, 8, 3, 0, 1),
           _cfg(128, 64, 8, 2, 0, 1, maxnreg=128),
-          _cfg(128, 64, 8, 2, 0, 1, heads_fastest=1, maxnreg=128)],
+          _cfg(128, 64, 8, 2, 0, 1, heads_fastest=1, maxnreg=128),
+          _gluon_cfg(128, pingpong=1), _gluon_cfg(64, pingpong=1),
+          _gluon_cfg(64, 192, pingpong=1)],
 }  # fmt: skip
 # Warp-specialised with three stages, every candidate left rows NaN on an H100 (Triton 3.6,
 # 2026-12-05: the CUDA kernel tests); two stages were right.
@@ -229,12 +232,13 @@ def attend_fresh(
 
         if not q.is_cuda:
             raise ValueError("the Gluon prefill kernel runs on CUDA only (no interpreter)")
-        if block_m not in (128, 192) or cfg != _gluon_cfg(block_n, block_m):
+        pingpong = cfg["gluon"] == 3
+        if block_m not in (128, 192) or cfg != _gluon_cfg(block_n, block_m, pingpong):
             raise ValueError(f"the Gluon prefill kernel's tile is fixed: {_gluon_cfg(block_n)}"
-                             " (block_m 128 or 192)")  # fmt: skip
+                             " (block_m 128 or 192, gluon 2 or 3)")  # fmt: skip
         gluon.attend_fresh(q, k_new, v_new, seq_lens, query_start_loc, scale,
                            max_query_len=max_query_len, out=out, block_m=block_m,
-                           block_n=block_n)  # fmt: skip
+                           block_n=block_n, pingpong=pingpong)  # fmt: skip
         return
     assert block_m % block_n == 0, "query tiles must start on key tile boundaries"
     grid = (triton.cdiv(max_query_len, block_m), batch * num_heads)

@@ -37,7 +37,7 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 
 def compile_config(head_dim: int, cfg: dict):
     if cfg.get("gluon"):
-        return compile_gluon(head_dim, cfg["block_m"], cfg["block_n"])
+        return compile_gluon(head_dim, cfg["block_m"], cfg["block_n"], cfg["gluon"] == 3)
     bm, bn = cfg["block_m"], cfg["block_n"]
     signature = {
         "q_ptr": "*bf16", "tokens": "i32", "stride_qt": "i32",
@@ -60,7 +60,7 @@ def compile_config(head_dim: int, cfg: dict):
     return kernel
 
 
-def compile_gluon(head_dim: int, block_m: int, block_n: int):
+def compile_gluon(head_dim: int, block_m: int, block_n: int, pingpong: bool = False):
     """``paged_attention_prefill_gluon``'s kernel; its descriptors' types name their layouts."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -77,7 +77,8 @@ def compile_gluon(head_dim: int, block_m: int, block_n: int):
         "stride_ot": "i32", "stride_oh": "i32", "num_heads": "i32",
     }  # fmt: skip
     constants = {"GROUP": 2, "HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n,
-                 "CONSUMER_REGS": glu.WS_CONSUMER_REGS[block_m // 64]}  # fmt: skip
+                 "CONSUMER_REGS": glu.WS_CONSUMER_REGS[block_m // 64],
+                 "PINGPONG": pingpong}  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     return triton.compile(
         GluonASTSource(glu._prefill_gluon_ws_kernel, signature, constants),
