@@ -28,6 +28,7 @@ test: setup lint
 
 lint: setup
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 bench: setup
 	$(PY) -m benchmarks.throughput $(ARGS)

@@ -82,6 +82,7 @@ def test_lifecycle_state_machine(
         @rule(prompt=st.sampled_from(PROMPTS), max_tokens=st.integers(4, 16))
         def add(self, prompt: str, max_tokens: int) -> None:
             done["add"] += 1
+
             async def start() -> Tracked:
                 stream = Stream(fresh_id("life"))
                 params = adapter.sampling_params(max_tokens=max_tokens, **PARAMS)

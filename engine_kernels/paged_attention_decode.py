@@ -314,9 +314,7 @@ def paged_attention_decode(
         return _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace, out,
                         cfg)  # fmt: skip
     if num_splits is None:
-        num_splits = default_num_splits(
-            batch, num_kv_heads, block_tables.shape[1] * page, q.device
-        )
+        num_splits = default_num_splits(batch, num_kv_heads, block_tables.shape[1] * page, q.device)
     numel = decode_workspace_numel(batch, num_heads, head_dim, num_splits)
     if workspace is None:
         workspace = torch.empty(max(numel, 1), dtype=torch.float32, device=q.device)

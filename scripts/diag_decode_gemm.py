@@ -72,8 +72,10 @@ def main() -> None:
     copy_ms = triton.testing.do_bench(functools.partial(buf[1 << 29 :].copy_, buf[: 1 << 29]))
     bw = 2 * (1 << 29) / copy_ms / 1e6
     del buf
-    print(f"copy {bw:,.0f} GB/s; times in us, CUDA-graph replays; floor = max(bytes / copy, "
-          "FLOPs / 700 TFLOP/s)")
+    print(
+        f"copy {bw:,.0f} GB/s; times in us, CUDA-graph replays; floor = max(bytes / copy, "
+        "FLOPs / 700 TFLOP/s)"
+    )
     print("| shape | M | floor | cuBLAS | cuBLASLt | best Triton | config | Triton / cuBLAS |")
     print("|---|---:|---:|---:|---:|---:|---|---:|")
     totals = {}
@@ -98,14 +100,19 @@ def main() -> None:
                     continue
                 best = min(best, (us, cfg))
             totals[(name, m)] = (cublas, lt, best[0])
-            print(f"| {name} | {m} | {floor:.1f} | {cublas:.1f} | {lt:.1f} | {best[0]:.1f} | "
-                  f"{best[1]} | {best[0] / cublas:.2f} |", flush=True)
+            print(
+                f"| {name} | {m} | {floor:.1f} | {cublas:.1f} | {lt:.1f} | {best[0]:.1f} | "
+                f"{best[1]} | {best[0] / cublas:.2f} |",
+                flush=True,
+            )
     for m in BATCHES:
         c = sum(v[0] for (s, mm), v in totals.items() if mm == m and s != "lm_head") * 28
         lt = sum(v[1] for (s, mm), v in totals.items() if mm == m and s != "lm_head") * 28
         t = sum(min(v) for (s, mm), v in totals.items() if mm == m and s != "lm_head") * 28
-        print(f"M={m}: 28 layers cuBLAS {c:.0f} us, cuBLASLt {lt:.0f} us, best of all {t:.0f} us "
-              "per step")
+        print(
+            f"M={m}: 28 layers cuBLAS {c:.0f} us, cuBLASLt {lt:.0f} us, best of all {t:.0f} us "
+            "per step"
+        )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """The toy engine, as the conformance suite sees it.
 
+Install both, then run the suite on it:
+
     pip install engine-conformance ./toy-engine
     pytest --pyargs conformance --engine=toy_engine.conformance_adapter:make_adapter
     engine-conformance run --engine toy_engine.conformance_adapter:make_adapter --report out/toy
