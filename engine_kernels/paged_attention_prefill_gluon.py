@@ -11,8 +11,11 @@ flight on the tensor cores while the softmax runs (FlashAttention-3's intra-warp
 in iteration ``j`` it issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}``, waits for ``S_j``
 alone, computes ``P_j`` and the rescale, then waits for ``O``. Only the diagonal tiles are
 masked. On H100s, 0.91 to 1.00x cuDNN at d128: the TMA prefill's d128 default (``gluon=2`` in
-its configuration). A one-partition version (``gluon=1``, d093b28), whose warpgroups a CTA
-barrier per iteration kept in step, reached 0.78x and was removed.
+its configuration). With the consumers' matrix products issued in turn (``gluon=3``,
+FlashAttention-3's ping-pong) it was 2% slower in the one sweep that timed it (2026-12-06 23:01
+UTC, H100: 1.119 against 1.096 ms): the warp schedulers interleave them as well unaided. A
+one-partition version (``gluon=1``, d093b28), whose warpgroups a CTA barrier per iteration kept
+in step, reached 0.78x and was removed.
 
 GPU only (Gluon has no interpreter): ``paged_attention_prefill_tma`` stays the kernel CI runs
 and the reference this kernel is tested against on CUDA.

@@ -120,35 +120,37 @@ def _gluon_cfg(block_n: int, block_m: int = 128, pingpong: int = 0) -> dict:
 
 
 # Per head dim, the fastest of an H100 sweep (d128: the warp-specialised Gluon kernel, 0.91 to
-# 1.00x cuDNN, 2026-12-06 18:25 to 20:05 UTC; d64: the Triton kernel with the diagonal peeled
-# and its programs heads fastest, 1.4 to 2.2% faster than in the default order in two sweeps of
-# one call, 20:19 UTC; the Gluon kernel's best at d64, 192 x 64, was 0.87x, and 192 x 128,
-# which spills, 0.45x; docs/performance.md); the candidates are what the benchmark's sweep
-# times and the CUDA tests check. With warp specialisation ``num_warps`` is per warpgroup
-# (Triton adds the producer and a second consumer), and three stages of 128 x 128 tiles at d128
-# exceed the 227 KB of shared memory.
-CUDA_CONFIGS = {64: _cfg(128, 64, 4, 3, 0, 1, heads_fastest=1), 128: _gluon_cfg(128)}
+# 1.00x cuDNN, 2026-12-06 18:25 to 23:06 UTC; its consumers' products in turn, gluon=3, were 2%
+# slower; d64: the Triton kernel with the diagonal peeled, its programs heads fastest and at
+# most 160 registers, so that three programs share a multiprocessor: 0.693 -> 0.675 ms in the
+# sweep of 23:01 UTC, 0.97x cuDNN at 23:06; the Gluon kernel's best at d64, 128 x 128, was
+# 0.91x; docs/performance.md); the candidates are what the benchmark's sweep times and the CUDA
+# tests check. With warp specialisation ``num_warps`` is per warpgroup (Triton adds the
+# producer and a second consumer), and three stages of 128 x 128 tiles at d128 exceed the
+# 227 KB of shared memory.
+CUDA_CONFIGS = {
+    64: _cfg(128, 64, 4, 3, 0, 1, heads_fastest=1, maxnreg=160),
+    128: _gluon_cfg(128),
+}
 # Under the interpreter (CPU tensors: CI) the Triton kernel, the Gluon kernel's twin.
 INTERPRETER_CONFIGS = {64: CUDA_CONFIGS[64], 128: _cfg(128, 128, 4, 2, 1)}
-# maxnreg: register caps that fit one more program per multiprocessor without spilling in the
-# loop (sm_90, Triton 3.6: d64 128 x 64 at 211 registers fits 2 programs, at 160 3, 16 B of
-# stack outside the main loop; 128 x 128 with 8 warps at 165 fits 1, at 128 2, no stack).
+# maxnreg: a register cap that fits one more program per multiprocessor without spilling in
+# the loop (sm_90, Triton 3.6: d64 128 x 64 at 211 registers fits 2 programs, at 160 3, with 16
+# B of stack outside the main loop; 128 x 128 with 8 warps at 165 fits 1, at 128 2). In the
+# sweep of 23:01 UTC (H100) the caps that lost were left out: d64 128 x 64 at 168 registers
+# (40 B of stack, 0.708 ms against 0.675 at 160) or with 2 stages (0.749), d128 128 x 64 with
+# 8 warps at 128 (1.209 to 1.223 against the Gluon kernel's 1.096); and the Gluon kernel's
+# consumers in turn at 128 x 64 and 192 x 64 (1.230 and 1.165).
 CANDIDATE_CONFIGS = {
-    64: [_cfg(128, 64, 4, 3, 0, 1, heads_fastest=1), _cfg(128, 64, 4, 3, 0, 1),
+    64: [_cfg(128, 64, 4, 3, 0, 1, heads_fastest=1, maxnreg=160),
+         _cfg(128, 64, 4, 3, 0, 1, heads_fastest=1), _cfg(128, 64, 4, 3, 0, 1),
          _cfg(128, 64, 4, 3, 0), _cfg(128, 128, 4, 2, 1),
          _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 64, 4, 4, 0, 1), _cfg(64, 64, 4, 2, 0, 1),
-         _gluon_cfg(128), _gluon_cfg(64), _gluon_cfg(64, 192),
-         _cfg(128, 64, 4, 3, 0, 1, heads_fastest=1, maxnreg=160),
-         _cfg(128, 64, 4, 3, 0, 1, heads_fastest=1, maxnreg=168),
-         _cfg(128, 64, 4, 2, 0, 1, heads_fastest=1, maxnreg=160),
-         _cfg(128, 128, 8, 2, 0, 1, maxnreg=128),
-         _cfg(128, 128, 8, 2, 0, 1, heads_fastest=1, maxnreg=128)],
-    128: [_gluon_cfg(128), _gluon_cfg(64), _cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1),
-          _cfg(128, 64, 8, 3, 0), _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 128, 8, 3, 0, 1),
-          _cfg(128, 64, 8, 2, 0, 1, maxnreg=128),
-          _cfg(128, 64, 8, 2, 0, 1, heads_fastest=1, maxnreg=128),
-          _gluon_cfg(128, pingpong=1), _gluon_cfg(64, pingpong=1),
-          _gluon_cfg(64, 192, pingpong=1)],
+         _cfg(128, 128, 8, 2, 0, 1, heads_fastest=1, maxnreg=128),
+         _gluon_cfg(128), _gluon_cfg(64), _gluon_cfg(64, 192)],
+    128: [_gluon_cfg(128), _gluon_cfg(128, pingpong=1), _gluon_cfg(64),
+          _cfg(128, 128, 4, 2, 1), _cfg(128, 64, 4, 2, 1),
+          _cfg(128, 64, 8, 3, 0), _cfg(128, 64, 8, 3, 0, 1), _cfg(128, 128, 8, 3, 0, 1)],
 }  # fmt: skip
 # Warp-specialised with three stages, every candidate left rows NaN on an H100 (Triton 3.6,
 # 2026-12-05: the CUDA kernel tests); two stages were right.
