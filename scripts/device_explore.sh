@@ -19,17 +19,8 @@ STEPS=${STEPS:-decode,decode28,decodeseq,ablation,tests}
 # name|environment assignments (no spaces in a value), one end-to-end run each
 E2E=${E2E:-"default|"}
 
-# The device returns at most 8 files: every step's whole log goes to $OUT/explore.log.
-step() {  # step NAME SECONDS CMD...: runs CMD under a time limit, logs it, shows its tail
-  local name=$1 limit=$2 start=$SECONDS status
-  shift 2
-  timeout "$limit" "$@" > "/tmp/$name.log" 2>&1
-  status=$?
-  { echo "== $name: $*"; grep -v "Processed prompts" "/tmp/$name.log"
-    echo "== $name: exit $status in $((SECONDS - start)) s"; } >> "$OUT/explore.log"
-  echo "== $name: exit $status in $((SECONDS - start)) s"
-  grep -v "Processed prompts" "/tmp/$name.log" | tail -n "${TAIL:-12}"
-}
+LOG="$OUT/explore.log"  # every step's whole log (the device returns at most 8 files)
+source scripts/device_step.sh
 
 for s in ${STEPS//,/ }; do
   case $s in

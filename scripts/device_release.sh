@@ -31,20 +31,7 @@ STEPS="${STEPS:-tma_probe kernel_tests prefill throughput conformance gpu_check 
     torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
 } 2>&1 | tee -a "$LOG"
 
-step() {  # step NAME SECONDS CMD...: runs CMD under a time limit, appends its log, shows its tail
-  local name=$1 limit=$2 start=$SECONDS
-  shift 2
-  if [ -n "${DEADLINE:-}" ]; then
-    limit=$(( limit < DEADLINE - SECONDS ? limit : DEADLINE - SECONDS ))
-    (( limit > 10 )) || { echo "== $name: skipped, no time left" | tee -a "$LOG"; return 0; }
-  fi
-  echo "== $name: $*" >> "$LOG"
-  timeout "$limit" "$@" > "/tmp/$name.log" 2>&1
-  STATUS=$?  # global: tma_probe's caller reads it
-  grep -v "Processed prompts" "/tmp/$name.log" >> "$LOG"
-  echo "== $name: exit $STATUS in $((SECONDS - start)) s" | tee -a "$LOG"
-  grep -v "Processed prompts" "/tmp/$name.log" | grep -v "^\s*$" | tail -n "${TAIL:-8}"
-}
+source scripts/device_step.sh
 
 for name in $STEPS; do
   case $name in
