@@ -1,0 +1,172 @@
+"""Would two half-batches on two streams hide the decode step's GEMMs behind its attention?
+
+The decode step's attention reads the KV cache at about copy bandwidth, while its narrow GEMMs
+are latency-bound: cuBLAS runs the o and down projections at 3 to 6x their bandwidth floor, on a
+few dozen CTAs (docs/performance.md, 2026-12-06). If the batch is cut in two halves whose layer
+chains run on two streams, one half's attention could fill the SMs that the other half's GEMMs
+leave idle. Before building that into the engine's decode graph, this times it on the
+throughput benchmark's own steps, each variant one CUDA graph of a step's 28 layers
+(Qwen3-0.6B's shapes: the qkv, o, gate-up and down projections in cuBLAS, SiLU-and-mul, and the
+planned decode attention over the step's live context lengths; norms, rotary and the KV store
+left out, the same in every variant):
+
+- ``one stream``: the whole batch's chain, as the engine runs it today;
+- ``halves in turn``: the two halves' chains one after the other on one stream (what splitting
+  costs without any overlap);
+- ``two streams, N/SM``: each half's chain on its own stream, its attention planned for N
+  programs per SM (4: the engine's default, both halves contending; 2: half each).
+
+    python scripts/diag_stream_overlap.py [--every 128]
+
+Each row also checks that every variant's hidden states are within rounding of one stream's
+(cuBLAS may pick other tiles for another row count, and another plan cuts the attention
+elsewhere; a stream that read its input before it was written would be far off). Not yet run:
+written on 2026-12-06 after the session's device time was spent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.gpu_throughput import workload  # noqa: E402
+from engine_kernels import triton_ops as tops  # noqa: E402
+from engine_kernels.decode_split import DecodePlan, plan_workspace_numel  # noqa: E402
+from scripts.diag_decode_workload import graph_ms  # noqa: E402
+
+HIDDEN, H, KVH, D, INTER, PAGE, LAYERS, WIDTH = 1024, 16, 8, 128, 3072, 16, 28, 256
+BF16 = torch.bfloat16
+
+
+class Chain:
+    """One batch's 28-layer decode chain over fixed buffers (a graph replays it)."""
+
+    def __init__(self, weights, caches, lens: list[int], tables, per_sm: int, dev) -> None:
+        n = len(lens)
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        self.weights, self.caches, self.tables = weights, caches, tables
+        self.seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
+        self.plan = DecodePlan(n, per_sm * sms // KVH, dev, {})
+        self.plan.fill(lens)
+        self.plan.device.copy_(self.plan.host)
+        self.workspace = torch.empty(plan_workspace_numel(self.plan.max_items, H, D), device=dev)
+        self.x = torch.empty(n, HIDDEN, dtype=BF16, device=dev)
+        self.attn = torch.empty(n, H, D, dtype=BF16, device=dev)
+
+    def run(self) -> None:
+        x = self.x
+        for layer, (w_qkv, w_o, w_gu, w_down) in enumerate(self.weights):
+            kc, vc = self.caches[layer % len(self.caches)]
+            q = (x @ w_qkv.t())[:, : H * D].reshape(-1, H, D)
+            tops.paged_attention_decode(q, kc, vc, self.tables, self.seq_lens, 0.088,
+                                        plan=self.plan, workspace=self.workspace,
+                                        out=self.attn)  # fmt: skip
+            x = self.attn.reshape(-1, H * D) @ w_o.t()
+            gate, up = (x @ w_gu.t()).chunk(2, dim=-1)
+            x = (F.silu(gate) * up) @ w_down.t()
+        self.x.copy_(x)  # the next replay starts from this step's output, like the next layer
+
+
+def in_turn(chains: list[Chain]) -> None:
+    for chain in chains:
+        chain.run()
+
+
+def two_streams(chains: list[Chain]) -> None:
+    """The chains on streams of their own, forked from and joined to the capturing stream."""
+    main = torch.cuda.current_stream()
+    streams = [torch.cuda.Stream() for _ in chains]
+    for chain, stream in zip(chains, streams):
+        stream.wait_stream(main)
+        with torch.cuda.stream(stream):
+            chain.run()
+    for stream in streams:
+        main.wait_stream(stream)
+
+
+NAMES = ["one stream", "halves in turn", "two streams, 4/SM", "two streams, 2/SM"]
+
+
+def time_step(weights, caches, lens: list[int], nb: int, dev) -> tuple[list[float], dict]:
+    """Each variant's graph replay time (ms) on one step of ``lens``, and its hidden states."""
+    n, half = len(lens), len(lens) // 2
+    need = torch.tensor([-(-x // PAGE) for x in lens], device=dev)
+    tables = torch.zeros(n, WIDTH, dtype=torch.int32, device=dev)
+    used = torch.arange(WIDTH, device=dev)[None, :] < need[:, None]
+    tables[used] = torch.randperm(nb, device=dev)[: int(need.sum())].to(torch.int32)
+    x0 = torch.randn(n, HIDDEN, dtype=BF16, device=dev)
+    parts = {1: [slice(0, n)], 2: [slice(0, half), slice(half, n)]}
+
+    def chains(count: int, per_sm: int) -> list[Chain]:
+        return [Chain(weights, caches, lens[r], tables[r], per_sm, dev) for r in parts[count]]
+
+    halves = {per_sm: chains(2, per_sm) for per_sm in (4, 2)}
+    runs = {
+        "one stream": chains(1, 4),
+        "halves in turn": halves[4],
+        "two streams, 4/SM": halves[4],
+        "two streams, 2/SM": halves[2],
+    }
+    how = {"one stream": in_turn, "halves in turn": in_turn}
+    times, outputs = [], {}
+    for name in NAMES:
+        group = runs[name]
+        fn = functools.partial(how.get(name, two_streams), group)
+        for chain, rows in zip(group, parts[len(group)]):
+            chain.x.copy_(x0[rows])
+        fn()  # once from x0, for the check; graph_ms then compiles, captures and replays
+        outputs[name] = torch.cat([c.x for c in group]).float()
+        times.append(graph_ms(fn))
+    return times, outputs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--every", type=int, default=128, help="time every Nth decode step")
+    ap.add_argument("--caches", type=int, default=4, help="distinct layers' caches (<= 28)")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    prompts, outs = workload(256)
+    plens = [len(p) for p in prompts]
+    most = max(sum(p + t for p, o in zip(plens, outs) if o > t) for t in range(max(outs)))
+    nb = -(-most // PAGE) + 256 * 2
+    caches = [(torch.randn(nb, PAGE, KVH, D, dtype=BF16, device=dev),
+               torch.randn(nb, PAGE, KVH, D, dtype=BF16, device=dev))
+              for _ in range(args.caches)]  # fmt: skip
+    qkv_out = (H + 2 * KVH) * D
+    weights = [tuple(torch.randn(o, i, dtype=BF16, device=dev) * i**-0.5
+                     for o, i in ((qkv_out, HIDDEN), (HIDDEN, H * D), (2 * INTER, HIDDEN),
+                                  (HIDDEN, INTER)))
+               for _ in range(LAYERS)]  # fmt: skip
+    print(f"{torch.cuda.get_device_name(dev)}; {LAYERS} layers of Qwen3-0.6B's decode GEMMs and "
+          f"attention per CUDA graph, {args.caches} layers' caches")  # fmt: skip
+    print("| step | live | " + " | ".join(f"{n} ms" for n in NAMES) + " | best / one stream |")
+    print("|---:|---:|" + "---:|" * (len(NAMES) + 1))
+    totals = dict.fromkeys(NAMES, 0.0)
+    for t in range(0, max(outs), args.every):
+        lens = [p + t + 1 for p, o in zip(plens, outs) if o > t]
+        if len(lens) < 2:
+            break
+        times, outputs = time_step(weights, caches, lens, nb, dev)
+        ref = outputs["one stream"]
+        for name, got in outputs.items():  # other row counts or plans: other rounding only
+            err = ((got - ref).norm() / ref.norm()).item()
+            assert err < 0.1, f"step {t}, {name}: relative error {err:.1e} against one stream"
+        for name, ms in zip(NAMES, times):
+            totals[name] += ms * args.every / 1e3
+        print(f"| {t} | {len(lens)} | " + " | ".join(f"{ms:.2f}" for ms in times)
+              + f" | {min(times[1:]) / times[0]:.2f} |", flush=True)  # fmt: skip
+    print("\nrun estimate (each sampled step standing for --every steps): "
+          + "; ".join(f"{k} {v:.2f} s" for k, v in totals.items()))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
