@@ -194,7 +194,11 @@ class ModelRunner:
             hidden = self._run_graph(ids, positions, slots, seq_lens, table)
         else:
             ones = int(np.argmax(n_arr != 1)) if self.split_one_token_rows and not is_decode else 0
-            prefill_qsl = (query_start_loc[ones:] - ones).astype(np.int32)
+            prefill_qsl = None  # the prefill kernel's query starts, when decode rows lead
+            if ones:
+                prefill_qsl = _to_device(
+                    (query_start_loc[ones:] - ones).astype(np.int32), torch.int32, self.device
+                )
             ctx = ForwardContext(
                 slot_mapping=_to_device(slots, torch.int64, self.device),
                 block_tables=_to_device(table, torch.int32, self.device),
@@ -206,9 +210,7 @@ class ModelRunner:
                 max_query_len=int(n_arr.max()),
                 max_seq_len=int(seq_lens.max()),
                 num_decode_rows=ones,
-                prefill_query_start_loc=(
-                    None if ones == 0 else _to_device(prefill_qsl, torch.int32, self.device)
-                ),
+                prefill_query_start_loc=prefill_qsl,
                 max_prefix_len=max(starts[ones:], default=0),
             )
             hidden = self.model(
