@@ -60,6 +60,21 @@ def graph_ms(fn, replays: int = 5) -> float:
     return statistics.median(times)
 
 
+def cache_blocks(plens: list[int], outs: list[int]) -> int:
+    """Pages enough for the workload's most live tokens at any decode step, with room to spare."""
+    most = max(sum(p + t for p, o in zip(plens, outs) if o > t) for t in range(max(outs)))
+    return -(-most // PAGE) + 256 * 2
+
+
+def page_tables(lens: list[int], order: torch.Tensor, dev) -> torch.Tensor:
+    """Block tables (``[len(lens), WIDTH]``) giving the sequences their pages from ``order``."""
+    need = torch.tensor([-(-x // PAGE) for x in lens], device=dev)
+    tables = torch.zeros(len(lens), WIDTH, dtype=torch.int32, device=dev)
+    used = torch.arange(WIDTH, device=dev)[None, :] < need[:, None]
+    tables[used] = order[: int(need.sum())].to(device=dev, dtype=torch.int32)
+    return tables
+
+
 def run_layers(caches, q, tables, seq_lens, plan, workspace, out) -> None:
     """One step's decode attention: ``LAYERS`` launches, over the layers' caches in turn."""
     for layer in range(LAYERS):
@@ -79,8 +94,7 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     prompts, outs = workload(256)
     plens = [len(p) for p in prompts]
-    most = max(sum(p + t for p, o in zip(plens, outs) if o > t) for t in range(max(outs)))
-    nb = -(-most // PAGE) + 256 * 2
+    nb = cache_blocks(plens, outs)
     layouts = {VARIANTS[name][0] for name in args.variants}
     caches = {"token": [], "head": []}
     for _ in range(args.caches):
@@ -114,11 +128,8 @@ def main() -> None:
     for t in range(0, max(outs), args.every):
         lens = [p + t + 1 for p, o in zip(plens, outs) if o > t]
         n = len(lens)
-        need = torch.tensor([-(-x // PAGE) for x in lens], device=dev)
-        perm = torch.zeros(n, WIDTH, dtype=torch.int32, device=dev)
-        used = torch.arange(WIDTH, device=dev)[None, :] < need[:, None]
         order = torch.randperm(nb, device=dev) if args.pages == "random" else torch.arange(nb)
-        perm[used] = order[: int(need.sum())].to(device=dev, dtype=torch.int32)
+        perm = page_tables(lens, order, dev)
         seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
         q = torch.randn(n, H, D, dtype=torch.bfloat16, device=dev)
         out = torch.empty_like(q)

@@ -39,9 +39,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.gpu_throughput import workload  # noqa: E402
 from engine_kernels import triton_ops as tops  # noqa: E402
 from engine_kernels.decode_split import DecodePlan, plan_workspace_numel  # noqa: E402
-from scripts.diag_decode_workload import graph_ms  # noqa: E402
+from scripts.diag_decode_workload import (  # noqa: E402
+    KVH,
+    LAYERS,
+    PAGE,
+    D,
+    H,
+    cache_blocks,
+    graph_ms,
+    page_tables,
+)
 
-HIDDEN, H, KVH, D, INTER, PAGE, LAYERS, WIDTH = 1024, 16, 8, 128, 3072, 16, 28, 256
+HIDDEN, INTER = 1024, 3072  # Qwen3-0.6B's; its heads are diag_decode_workload's
 BF16 = torch.bfloat16
 
 
@@ -97,10 +106,7 @@ NAMES = ["one stream", "halves in turn", "two streams, 4/SM", "two streams, 2/SM
 def time_step(weights, caches, lens: list[int], nb: int, dev) -> tuple[list[float], dict]:
     """Each variant's graph replay time (ms) on one step of ``lens``, and its hidden states."""
     n, half = len(lens), len(lens) // 2
-    need = torch.tensor([-(-x // PAGE) for x in lens], device=dev)
-    tables = torch.zeros(n, WIDTH, dtype=torch.int32, device=dev)
-    used = torch.arange(WIDTH, device=dev)[None, :] < need[:, None]
-    tables[used] = torch.randperm(nb, device=dev)[: int(need.sum())].to(torch.int32)
+    tables = page_tables(lens, torch.randperm(nb, device=dev), dev)
     x0 = torch.randn(n, HIDDEN, dtype=BF16, device=dev)
     parts = {1: [slice(0, n)], 2: [slice(0, half), slice(half, n)]}
 
@@ -136,8 +142,7 @@ def main() -> None:
     torch.manual_seed(0)
     prompts, outs = workload(256)
     plens = [len(p) for p in prompts]
-    most = max(sum(p + t for p, o in zip(plens, outs) if o > t) for t in range(max(outs)))
-    nb = -(-most // PAGE) + 256 * 2
+    nb = cache_blocks(plens, outs)
     caches = [(torch.randn(nb, PAGE, KVH, D, dtype=BF16, device=dev),
                torch.randn(nb, PAGE, KVH, D, dtype=BF16, device=dev))
               for _ in range(args.caches)]  # fmt: skip
