@@ -14,8 +14,8 @@
 # last one ends before the device call's own limit. Three steps run only when named: ablation
 # (scripts/diag_engine_ablation.py, what each kind of kernel costs inside the engine),
 # decode_steps (scripts/diag_decode_workload.py, the decode attention on the workload's steps in
-# CUDA graphs) and overlap (scripts/diag_stream_overlap.py, two half-batches on two streams). SWEEP=1 also times every candidate prefill
-# configuration (the row's default among them). The throughput step alternates LLM and AsyncLLM
+# CUDA graphs) and overlap (scripts/diag_stream_overlap.py, two half-batches on two streams).
+# SWEEP=1 also times every candidate prefill configuration (the row's default among them). The throughput step alternates LLM and AsyncLLM
 # twice (THROUGHPUT_ENGINES) and reports the ratio of their medians: one run each is within the
 # run-to-run spread of about 2.6%. A step that hangs is cut at its limit
 # (2026-12-05: every bf16 step that ran the first TMA prefill kernel).

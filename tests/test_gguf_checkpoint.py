@@ -25,10 +25,8 @@ def test_the_checkpoint_reads_back_whole(name: str, tmp_path: Path) -> None:
     arch = reader.fields["general.architecture"].contents()
     assert reader.fields[f"{arch}.context_length"].contents() == config["max_position_embeddings"]
     assert reader.fields[f"{arch}.block_count"].contents() == config["num_hidden_layers"]
-    assert (
-        reader.fields[f"{arch}.attention.head_count_kv"].contents()
-        == (config["num_key_value_heads"])
-    )
+    kv_heads = reader.fields[f"{arch}.attention.head_count_kv"].contents()
+    assert kv_heads == config["num_key_value_heads"]
     vocab = json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]
     assert len(reader.fields["tokenizer.ggml.tokens"].contents()) >= len(vocab)
 
