@@ -88,10 +88,9 @@ def in_turn(chains: list[Chain]) -> None:
         chain.run()
 
 
-def two_streams(chains: list[Chain]) -> None:
+def two_streams(chains: list[Chain], streams: list[torch.cuda.Stream]) -> None:
     """The chains on streams of their own, forked from and joined to the capturing stream."""
     main = torch.cuda.current_stream()
-    streams = [torch.cuda.Stream() for _ in chains]
     for chain, stream in zip(chains, streams):
         stream.wait_stream(main)
         with torch.cuda.stream(stream):
@@ -120,11 +119,12 @@ def time_step(weights, caches, lens: list[int], nb: int, dev) -> tuple[list[floa
         "two streams, 4/SM": halves[4],
         "two streams, 2/SM": halves[2],
     }
+    side = functools.partial(two_streams, streams=[torch.cuda.Stream(), torch.cuda.Stream()])
     how = {"one stream": in_turn, "halves in turn": in_turn}
     times, outputs = [], {}
     for name in NAMES:
         group = runs[name]
-        fn = functools.partial(how.get(name, two_streams), group)
+        fn = functools.partial(how.get(name, side), group)
         for chain, rows in zip(group, parts[len(group)]):
             chain.x.copy_(x0[rows])
         fn()  # once from x0, for the check; graph_ms then compiles, captures and replays
@@ -156,6 +156,7 @@ def main() -> None:
     print("| step | live | " + " | ".join(f"{n} ms" for n in NAMES) + " | best / one stream |")
     print("|---:|---:|" + "---:|" * (len(NAMES) + 1))
     totals = dict.fromkeys(NAMES, 0.0)
+    wrong = []
     for t in range(0, max(outs), args.every):
         lens = [p + t + 1 for p, o in zip(plens, outs) if o > t]
         if len(lens) < 2:
@@ -164,13 +165,16 @@ def main() -> None:
         ref = outputs["one stream"]
         for name, got in outputs.items():  # other row counts or plans: other rounding only
             err = ((got - ref).norm() / ref.norm()).item()
-            assert err < 0.1, f"step {t}, {name}: relative error {err:.1e} against one stream"
+            if err >= 0.1:  # reported at the end, so that the other rows are still timed
+                wrong.append(f"step {t}, {name}: relative error {err:.1e} against one stream")
         for name, ms in zip(NAMES, times):
             totals[name] += ms * args.every / 1e3
         print(f"| {t} | {len(lens)} | " + " | ".join(f"{ms:.2f}" for ms in times)
               + f" | {min(times[1:]) / times[0]:.2f} |", flush=True)  # fmt: skip
     print("\nrun estimate (each sampled step standing for --every steps): "
           + "; ".join(f"{k} {v:.2f} s" for k, v in totals.items()))  # fmt: skip
+    if wrong:
+        sys.exit("wrong hidden states:\n" + "\n".join(wrong))
 
 
 if __name__ == "__main__":
