@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 
 from engine_kernels.decode_split import (
     PLAN_UNIT,
@@ -31,10 +32,11 @@ def _attend_range(
     q, k_ptr, v_ptr, bt_row, kvh, start, end, scale_log2,
     stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
     BLOCK_G: tl.constexpr, PAGE: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_EVICT: tl.constexpr = "",
 ):  # fmt: skip
     """Online softmax of one KV head's context tokens ``[start, end)`` for the query rows ``q``:
-    the unnormalized output, the running max and the running sum (all fp32, base 2)."""
+    the unnormalized output, the running max and the running sum (all fp32, base 2).
+    ``KV_EVICT``: the L2 eviction policy of the context's loads ("" the default)."""
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
@@ -50,8 +52,8 @@ def _attend_range(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k_off = page[:, None] * stride_k_blk + tok[:, None] * stride_k_tok + offs_d[None, :]
         v_off = page[:, None] * stride_v_blk + tok[:, None] * stride_v_tok + offs_d[None, :]
-        k = tl.load(k_base + k_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_base + v_off, mask=kv_mask, other=0.0)
+        k = tl.load(k_base + k_off, mask=kv_mask, other=0.0, eviction_policy=KV_EVICT)
+        v = tl.load(v_base + v_off, mask=kv_mask, other=0.0, eviction_policy=KV_EVICT)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         qk = tl.where(n_mask[None, :], qk * scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
@@ -176,15 +178,30 @@ def _merge_items(
 
 
 @triton.jit
+def _prefetch_to_l2(base, num_lines, pid, num_pids, BLOCK: tl.constexpr):
+    """Program ``pid`` of ``num_pids`` asks L2 for its share of the ``num_lines`` 128-byte
+    lines from ``base`` (a byte pointer), to be evicted last; the loads that want them come
+    later, in another kernel."""
+    per = tl.cdiv(num_lines, num_pids)
+    for i in range(pid * per, tl.minimum(pid * per + per, num_lines), BLOCK):
+        line = tl.minimum(i + tl.arange(0, BLOCK), num_lines - 1).to(tl.int64)
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2::evict_last [$1]; // $0", "=r,l", [base + line * 128],
+            dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+
+
+@triton.jit
 def _decode_planned_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, plan_ptr, scale_log2,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, stride_bt,
     num_heads, num_kv_heads, batch, o_seq_start, o_item_seq, o_item_u0, o_item_u1, o_done,
-    seq_lens_ptr,
+    seq_lens_ptr, prefetch_ptr, prefetch_lines,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, UNIT: tl.constexpr, BLOCK_H: tl.constexpr,
     FUSED: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, KV_EVICT: tl.constexpr,
 ):  # fmt: skip
     """Program ``(p, kvh)`` runs the items of chunk ``p`` of a ``DecodePlan``: each item is a
     range of one sequence's context; its partial result goes to row ``item`` of the workspace.
@@ -193,10 +210,18 @@ def _decode_planned_kernel(
     once; otherwise each program counts its partial in the plan's ``done[b]`` (an acq_rel
     atomic), and the one that completes the count merges all of ``b``'s partials and resets
     the counter. Sequences without items (empty, or padding rows up to ``batch``) get zeros.
-    Without ``FUSED`` the reduce kernel below does the merge in a second launch."""
-    wait_for_prior_kernel(PDL)
+    Without ``FUSED`` the reduce kernel below does the merge in a second launch.
+
+    ``PREFETCH`` (1: first thing, 2: after its items): the programs pull ``prefetch_lines``
+    128-byte lines from ``prefetch_ptr`` into L2 between them, for the kernels after this one
+    (the layer's next weights, which no kernel writes, so before the wait for the prior kernel
+    is safe)."""
     p = tl.program_id(0)
     kvh = tl.program_id(1)
+    pid, num_pids = kvh * tl.num_programs(0) + p, tl.num_programs(0) * tl.num_programs(1)
+    if PREFETCH == 1:
+        _prefetch_to_l2(prefetch_ptr, prefetch_lines, pid, num_pids, 128)
+    wait_for_prior_kernel(PDL)
     first = tl.load(plan_ptr + p)
     last = tl.load(plan_ptr + p + 1)
     offs_g = tl.arange(0, BLOCK_G)
@@ -215,7 +240,7 @@ def _decode_planned_kernel(
         acc, m_i, l_i = _attend_range(
             q, k_ptr, v_ptr, bt_ptr + b * stride_bt, kvh, start, end, scale_log2,
             stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
-            BLOCK_G, PAGE, BLOCK_D, HEAD_DIM, BLOCK_N, DOT_PRECISION,
+            BLOCK_G, PAGE, BLOCK_D, HEAD_DIM, BLOCK_N, DOT_PRECISION, KV_EVICT,
         )  # fmt: skip
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -239,9 +264,10 @@ def _decode_planned_kernel(
                         num_heads, HEAD_DIM, BLOCK_D, BLOCK_H, True,
                     )  # fmt: skip
                     tl.store(plan_ptr + o_done + b, 0)
+    if PREFETCH == 2:
+        _prefetch_to_l2(prefetch_ptr, prefetch_lines, pid, num_pids, 128)
     if FUSED:  # zeros for the sequences without items, spread over the programs
-        pid = kvh * tl.num_programs(0) + p
-        for b in range(pid, batch, tl.num_programs(0) * num_kv_heads):
+        for b in range(pid, batch, num_pids):
             if tl.load(plan_ptr + o_seq_start + b + 1) == tl.load(plan_ptr + o_seq_start + b):
                 _merge_items(o_ptr, part_o_ptr, part_lse_ptr, b, 0, 0, stride_ob, stride_oh,
                              num_heads, HEAD_DIM, BLOCK_D, BLOCK_H, False)  # fmt: skip
@@ -287,6 +313,7 @@ def paged_attention_decode(
     out: torch.Tensor | None = None,
     config: dict[str, int] | None = None,
     plan: DecodePlan | None = None,
+    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton twin of ``reference.paged_attention_decode`` (``q [B, H, D]``).
 
@@ -301,6 +328,12 @@ def paged_attention_decode(
     ``device`` buffer): the grid is then ``(plan.num_programs, num_kv_heads)`` whatever the
     contexts, and the work follows the plan; ``workspace`` must then hold
     ``plan_workspace_numel(plan.max_items, H, D)`` elements and ``num_splits`` is ignored.
+
+    ``prefetch`` (with ``plan``, on CUDA): a contiguous tensor that the kernels after this one
+    will read (the layer's next weights) and that nothing writes; the attention's programs pull
+    it into L2 while the context streams past (the plan config's ``prefetch``: 1 before their
+    items, the default, 2 after them). ``kv_evict`` 1 in the config loads the context with
+    ``evict_first``.
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -312,7 +345,7 @@ def paged_attention_decode(
     if plan is not None:
         cfg = {**_decode_config(q, planned=True), **plan.config, **(config or {})}
         return _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace, out,
-                        cfg)  # fmt: skip
+                        cfg, prefetch)  # fmt: skip
     if num_splits is None:
         num_splits = default_num_splits(batch, num_kv_heads, block_tables.shape[1] * page, q.device)
     numel = decode_workspace_numel(batch, num_heads, head_dim, num_splits)
@@ -344,7 +377,8 @@ def paged_attention_decode(
     return out
 
 
-def _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace, out, cfg):
+def _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace, out, cfg,
+             prefetch):  # fmt: skip
     batch, num_heads, head_dim = q.shape
     num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
     assert batch <= plan.max_batch and PLAN_UNIT % cfg["block_n"] == 0
@@ -359,16 +393,23 @@ def _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace
     block_d = max(triton.next_power_of_2(head_dim), 16)
     block_h = triton.next_power_of_2(num_heads)
     fused = bool(cfg.get("fused", 0))
+    if prefetch is not None and q.is_cuda and not knobs.runtime.interpret:
+        assert prefetch.is_contiguous()
+        prefetch_mode, prefetch_lines = cfg.get("prefetch", 1), -(-prefetch.nbytes // 128)
+    else:  # nothing to pull (the interpreter has no inline assembly)
+        prefetch_mode, prefetch_lines, prefetch = 0, 0, plan.device
     _decode_planned_kernel[(plan.num_programs, num_kv_heads)](
         q, k_cache, v_cache, out, part_o, part_lse, block_tables, plan.device, scale * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         num_heads, num_kv_heads, batch, o_seq, o_b, o_u0, o_u1, plan.done_offset, seq_lens,
+        prefetch.view(torch.uint8), prefetch_lines,
         GROUP=group, BLOCK_G=max(triton.next_power_of_2(group), 16), PAGE=page,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=cfg["block_n"], UNIT=PLAN_UNIT,
         BLOCK_H=block_h, FUSED=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PREFETCH=prefetch_mode, KV_EVICT="evict_first" if cfg.get("kv_evict") else "",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q),
     )  # fmt: skip
     if not fused:

@@ -14,7 +14,8 @@
 # last one ends before the device call's own limit. Three steps run only when named: ablation
 # (scripts/diag_engine_ablation.py, what each kind of kernel costs inside the engine),
 # decode_steps (scripts/diag_decode_workload.py, the decode attention on the workload's steps in
-# CUDA graphs) and overlap (scripts/diag_stream_overlap.py, two half-batches on two streams).
+# CUDA graphs) and chain (scripts/diag_decode_chain.py, ways to run the decode step's GEMMs and
+# attention: two half-batches on two streams, the next weights prefetched into L2).
 # SWEEP=1 also times every candidate prefill configuration (the row's default among them). The throughput step alternates LLM and AsyncLLM
 # twice (THROUGHPUT_ENGINES) and reports the ratio of their medians: one run each is within the
 # run-to-run spread of about 2.6%. A step that hangs is cut at its limit
@@ -50,7 +51,7 @@ for name in $STEPS; do
     ablation) TAIL=8 step ablation 200 python3 scripts/diag_engine_ablation.py none \
       decode_attention prefill_attention linear lm_head ;;
     decode_steps) TAIL=3 step decode_steps 150 python3 scripts/diag_decode_workload.py ;;
-    overlap) TAIL=14 step overlap 240 python3 scripts/diag_stream_overlap.py ;;
+    chain) TAIL=14 step chain 240 python3 scripts/diag_decode_chain.py ;;
     tma_probe) TAIL=40 step tma_probe 200 bash scripts/device_tma_probe.sh
       if [ "$STATUS" = 0 ]; then  # its defaults returned right: the steps after it use it
         export ENGINE_KERNELS_TMA_PREFILL=1

@@ -1,27 +1,30 @@
-"""Would two half-batches on two streams hide the decode step's GEMMs behind its attention?
+"""The decode step's chain of GEMMs and attention, timed per way of running it.
 
 The decode step's attention reads the KV cache at about copy bandwidth, while its narrow GEMMs
 are latency-bound: cuBLAS runs the o and down projections at 3 to 6x their bandwidth floor, on a
-few dozen CTAs (docs/performance.md, 2026-12-06). If the batch is cut in two halves whose layer
-chains run on two streams, one half's attention could fill the SMs that the other half's GEMMs
-leave idle. Before building that into the engine's decode graph, this times it on the
-throughput benchmark's own steps, each variant one CUDA graph of a step's 28 layers
-(Qwen3-0.6B's shapes: the qkv, o, gate-up and down projections in cuBLAS, SiLU-and-mul, and the
-planned decode attention over the step's live context lengths; norms, rotary and the KV store
-left out, the same in every variant):
+few dozen CTAs, with weights that come from HBM (docs/performance.md, 2026-12-06). This times
+ideas for that, on the throughput benchmark's own steps, each variant one CUDA graph of a step's
+28 layers (Qwen3-0.6B's shapes: the qkv, o, gate-up and down projections in cuBLAS, SiLU-and-mul,
+and the planned decode attention over the step's live context lengths; norms, rotary and the KV
+store left out, the same in every variant; the 28 layers' weights in one buffer, layer after
+layer, in the order they are read):
 
 - ``one stream``: the whole batch's chain, as the engine runs it today;
-- ``halves in turn``: the two halves' chains one after the other on one stream (what splitting
-  costs without any overlap);
+- ``halves in turn``: the batch cut in two halves whose chains run one after the other on one
+  stream (what splitting costs without any overlap);
 - ``two streams, N/SM``: each half's chain on its own stream, its attention planned for N
-  programs per SM (4: the engine's default, both halves contending; 2: half each).
+  programs per SM (4: the engine's default, both halves contending; 2: half each): would one
+  half's attention fill the SMs that the other half's GEMMs leave idle?
+- ``prefetch``: the attention's programs pull the layer's o, gate-up and down weights and the
+  next layer's qkv weights into L2 (``evict_last``) while the context streams past, before their
+  items (``at end``: after them); ``KV evict_first``: the context's loads marked to leave L2
+  first (alone, and with the prefetch).
 
-    python scripts/diag_stream_overlap.py [--every 128]
+    python scripts/diag_decode_chain.py [--every 128]
 
 Each row also checks that every variant's hidden states are within rounding of one stream's
 (cuBLAS may pick other tiles for another row count, and another plan cuts the attention
-elsewhere; a stream that read its input before it was written would be far off). Not yet run:
-written on 2026-12-06 after the session's device time was spent.
+elsewhere; a stream that read its input before it was written would be far off).
 """
 
 from __future__ import annotations
@@ -54,15 +57,38 @@ HIDDEN, INTER = 1024, 3072  # Qwen3-0.6B's; its heads are diag_decode_workload's
 BF16 = torch.bfloat16
 
 
+def layer_weights(dev) -> tuple[list[tuple[torch.Tensor, ...]], list[torch.Tensor | None]]:
+    """Each layer's (qkv, o, gate-up, down) weights, views of one buffer in that order, and
+    what the layer's attention prefetches: its o, gate-up and down weights and the next layer's
+    qkv weights, one contiguous range."""
+    shapes = [((H + 2 * KVH) * D, HIDDEN), (HIDDEN, H * D), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
+    sizes = [o * i for o, i in shapes]
+    per_layer = sum(sizes)
+    flat = torch.randn(LAYERS * per_layer, dtype=BF16, device=dev)
+    weights, prefetch = [], []
+    for layer in range(LAYERS):
+        offset = layer * per_layer
+        views = []
+        for (o, i), size in zip(shapes, sizes):
+            views.append(flat[offset : offset + size].view(o, i).mul_(i**-0.5))
+            offset += size
+        weights.append(tuple(views))
+        end = min(offset + sizes[0], flat.numel())  # the next layer's qkv, if any
+        prefetch.append(flat[layer * per_layer + sizes[0] : end])
+    return weights, prefetch
+
+
 class Chain:
     """One batch's 28-layer decode chain over fixed buffers (a graph replays it)."""
 
-    def __init__(self, weights, caches, lens: list[int], tables, per_sm: int, dev) -> None:
+    def __init__(self, weights, caches, lens: list[int], tables, dev, per_sm: int = 4,
+                 config: dict | None = None, prefetch: list | None = None) -> None:  # fmt: skip
         n = len(lens)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         self.weights, self.caches, self.tables = weights, caches, tables
+        self.prefetch = prefetch or [None] * len(weights)
         self.seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
-        self.plan = DecodePlan(n, per_sm * sms // KVH, dev, {})
+        self.plan = DecodePlan(n, per_sm * sms // KVH, dev, config or {})
         self.plan.fill(lens)
         self.plan.device.copy_(self.plan.host)
         self.workspace = torch.empty(plan_workspace_numel(self.plan.max_items, H, D), device=dev)
@@ -76,7 +102,7 @@ class Chain:
             q = (x @ w_qkv.t())[:, : H * D].reshape(-1, H, D)
             tops.paged_attention_decode(q, kc, vc, self.tables, self.seq_lens, 0.088,
                                         plan=self.plan, workspace=self.workspace,
-                                        out=self.attn)  # fmt: skip
+                                        out=self.attn, prefetch=self.prefetch[layer])  # fmt: skip
             x = self.attn.reshape(-1, H * D) @ w_o.t()
             gate, up = (x @ w_gu.t()).chunk(2, dim=-1)
             x = (F.silu(gate) * up) @ w_down.t()
@@ -99,34 +125,34 @@ def two_streams(chains: list[Chain], streams: list[torch.cuda.Stream]) -> None:
         main.wait_stream(stream)
 
 
-NAMES = ["one stream", "halves in turn", "two streams, 4/SM", "two streams, 2/SM"]
+# name -> (halves, two streams, attention programs per SM, plan config, prefetch)
+VARIANTS = {
+    "one stream": (False, False, 4, {}, False),
+    "halves in turn": (True, False, 4, {}, False),
+    "two streams, 4/SM": (True, True, 4, {}, False),
+    "two streams, 2/SM": (True, True, 2, {}, False),
+    "prefetch": (False, False, 4, {}, True),
+    "prefetch at end": (False, False, 4, {"prefetch": 2}, True),
+    "KV evict_first": (False, False, 4, {"kv_evict": 1}, False),
+    "prefetch, KV evict_first": (False, False, 4, {"kv_evict": 1}, True),
+}
+NAMES = list(VARIANTS)
 
 
-def time_step(weights, caches, lens: list[int], nb: int, dev) -> tuple[list[float], dict]:
+def time_step(weights, prefetch, caches, lens: list[int], nb: int, dev):
     """Each variant's graph replay time (ms) on one step of ``lens``, and its hidden states."""
     n, half = len(lens), len(lens) // 2
     tables = page_tables(lens, torch.randperm(nb, device=dev), dev)
     x0 = torch.randn(n, HIDDEN, dtype=BF16, device=dev)
-    parts = {1: [slice(0, n)], 2: [slice(0, half), slice(half, n)]}
-
-    def chains(count: int, per_sm: int) -> list[Chain]:
-        return [Chain(weights, caches, lens[r], tables[r], per_sm, dev) for r in parts[count]]
-
-    halves = {per_sm: chains(2, per_sm) for per_sm in (4, 2)}
-    runs = {
-        "one stream": chains(1, 4),
-        "halves in turn": halves[4],
-        "two streams, 4/SM": halves[4],
-        "two streams, 2/SM": halves[2],
-    }
     side = functools.partial(two_streams, streams=[torch.cuda.Stream(), torch.cuda.Stream()])
-    how = {"one stream": in_turn, "halves in turn": in_turn}
     times, outputs = [], {}
-    for name in NAMES:
-        group = runs[name]
-        fn = functools.partial(how.get(name, side), group)
-        for chain, rows in zip(group, parts[len(group)]):
-            chain.x.copy_(x0[rows])
+    for name, (halves, streams, per_sm, config, pulls) in VARIANTS.items():
+        rows = [slice(0, half), slice(half, n)] if halves else [slice(0, n)]
+        group = [Chain(weights, caches, lens[r], tables[r], dev, per_sm, config,
+                       prefetch if pulls else None) for r in rows]  # fmt: skip
+        fn = functools.partial(side if streams else in_turn, group)
+        for chain, r in zip(group, rows):
+            chain.x.copy_(x0[r])
         fn()  # once from x0, for the check; graph_ms then compiles, captures and replays
         outputs[name] = torch.cat([c.x for c in group]).float()
         times.append(graph_ms(fn))
@@ -146,11 +172,7 @@ def main() -> None:
     caches = [(torch.randn(nb, PAGE, KVH, D, dtype=BF16, device=dev),
                torch.randn(nb, PAGE, KVH, D, dtype=BF16, device=dev))
               for _ in range(args.caches)]  # fmt: skip
-    qkv_out = (H + 2 * KVH) * D
-    weights = [tuple(torch.randn(o, i, dtype=BF16, device=dev) * i**-0.5
-                     for o, i in ((qkv_out, HIDDEN), (HIDDEN, H * D), (2 * INTER, HIDDEN),
-                                  (HIDDEN, INTER)))
-               for _ in range(LAYERS)]  # fmt: skip
+    weights, prefetch = layer_weights(dev)
     print(f"{torch.cuda.get_device_name(dev)}; {LAYERS} layers of Qwen3-0.6B's decode GEMMs and "
           f"attention per CUDA graph, {args.caches} layers' caches")  # fmt: skip
     print("| step | live | " + " | ".join(f"{n} ms" for n in NAMES) + " | best / one stream |")
@@ -161,7 +183,7 @@ def main() -> None:
         lens = [p + t + 1 for p, o in zip(plens, outs) if o > t]
         if len(lens) < 2:
             break
-        times, outputs = time_step(weights, caches, lens, nb, dev)
+        times, outputs = time_step(weights, prefetch, caches, lens, nb, dev)
         ref = outputs["one stream"]
         for name, got in outputs.items():  # other row counts or plans: other rounding only
             err = ((got - ref).norm() / ref.norm()).item()
