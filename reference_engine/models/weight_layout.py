@@ -1,0 +1,56 @@
+"""The projection weights in the order a decode step reads them, for an L2 prefetch.
+
+A decode step's narrow GEMMs are latency-bound: each reads a few MB of weights from HBM in one
+short kernel that never reaches the copy rate (docs/performance.md, 2026-12-06). The attention
+before them is long and streams the KV cache, so its programs can ask L2 for what comes next
+while it runs. That needs the next weights in one range: here every layer's qkv, o, gate-up and
+down weights are moved into one buffer, layer after layer, and each layer's attention is given
+the range from its o projection to the next layer's qkv projection.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+# The prefetched range must leave most of L2 to the context streaming past it.
+MAX_L2_SHARE = 0.6
+
+
+def _projections(layer: nn.Module) -> list[nn.Linear]:
+    attn, mlp = layer.self_attn, layer.mlp
+    return [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+
+
+def pack_for_l2_prefetch(model: nn.Module, l2_bytes: int | None = None) -> bool:
+    """When a layer's next weights fit in ``MAX_L2_SHARE`` of an L2 of ``l2_bytes`` (default:
+    the GPU's; on the CPU nothing is done), moves the layers' projection weights into one
+    buffer in read order and sets each attention's ``l2_prefetch``; returns whether it did.
+    ``ENGINE_KERNELS_L2_PREFETCH=0`` turns it off."""
+    layers = list(model.layers)
+    first = _projections(layers[0])[0].weight
+    if os.environ.get("ENGINE_KERNELS_L2_PREFETCH", "1") == "0":
+        return False
+    if l2_bytes is None:
+        if not first.is_cuda:
+            return False
+        l2_bytes = torch.cuda.get_device_properties(first.device).L2_cache_size
+    linears = [lin for layer in layers for lin in _projections(layer)]
+    sizes = [lin.weight.numel() for lin in linears]
+    span = max(sum(sizes[i + 1 : i + 5]) for i in range(0, len(sizes), 4))
+    if span * first.element_size() > MAX_L2_SHARE * l2_bytes:
+        return False
+    flat = torch.empty(sum(sizes), dtype=first.dtype, device=first.device)
+    offsets = [0]
+    for lin, size in zip(linears, sizes):
+        view = flat[offsets[-1] : offsets[-1] + size].view_as(lin.weight)
+        view.copy_(lin.weight)
+        lin.weight = nn.Parameter(view, requires_grad=False)
+        offsets.append(offsets[-1] + size)
+    for i, layer in enumerate(layers):
+        # From this layer's o projection to the end of the next layer's qkv (or of this down).
+        start, end = offsets[4 * i + 1], offsets[min(4 * i + 5, len(linears))]
+        layer.self_attn.l2_prefetch = flat[start:end]
+    return True
