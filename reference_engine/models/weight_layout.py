@@ -53,4 +53,6 @@ def pack_for_l2_prefetch(model: nn.Module, l2_bytes: int | None = None) -> bool:
         # From this layer's o projection to the end of the next layer's qkv (or of this down).
         start, end = offsets[4 * i + 1], offsets[min(4 * i + 5, len(linears))]
         layer.self_attn.l2_prefetch = flat[start:end]
+    if flat.is_cuda:  # the old weights' blocks back to the driver, for the KV cache's sizing
+        torch.cuda.empty_cache()
     return True
