@@ -28,10 +28,10 @@ def pack_for_l2_prefetch(model: nn.Module, l2_bytes: int | None = None) -> bool:
     """When a layer's next weights fit in ``MAX_L2_SHARE`` of an L2 of ``l2_bytes`` (default:
     the GPU's; on the CPU nothing is done), moves the layers' projection weights into one
     buffer in read order and sets each attention's ``l2_prefetch``; returns whether it did.
-    ``ENGINE_KERNELS_L2_PREFETCH=0`` turns it off."""
+    Opt-in until measured end to end: ``ENGINE_KERNELS_L2_PREFETCH=1`` turns it on."""
     layers = list(model.layers)
     first = _projections(layers[0])[0].weight
-    if os.environ.get("ENGINE_KERNELS_L2_PREFETCH", "1") == "0":
+    if os.environ.get("ENGINE_KERNELS_L2_PREFETCH", "0") != "1":
         return False
     if l2_bytes is None:
         if not first.is_cuda:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fixtures import model_path
 from reference_engine.config import ModelConfig
 from reference_engine.models import load_model
 from reference_engine.models.weight_layout import MAX_L2_SHARE, pack_for_l2_prefetch
+
+
+@pytest.fixture(autouse=True)
+def _opted_in(monkeypatch):
+    monkeypatch.setenv("ENGINE_KERNELS_L2_PREFETCH", "1")
 
 
 def _model():
@@ -62,8 +68,8 @@ def test_nothing_packed_when_the_range_would_crowd_l2():
     assert pack_for_l2_prefetch(model, l2_bytes=int(span / MAX_L2_SHARE) + 1)
 
 
-def test_off_on_the_cpu_and_by_environment(monkeypatch):
+def test_off_on_the_cpu_and_unless_opted_in(monkeypatch):
     model = _model()
     assert not pack_for_l2_prefetch(model)  # no GPU L2 to size it by
-    monkeypatch.setenv("ENGINE_KERNELS_L2_PREFETCH", "0")
+    monkeypatch.delenv("ENGINE_KERNELS_L2_PREFETCH")
     assert not pack_for_l2_prefetch(model, l2_bytes=1 << 40)
