@@ -32,11 +32,10 @@ def _attend_range(
     q, k_ptr, v_ptr, bt_row, kvh, start, end, scale_log2,
     stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
     BLOCK_G: tl.constexpr, PAGE: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_EVICT: tl.constexpr = "",
+    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Online softmax of one KV head's context tokens ``[start, end)`` for the query rows ``q``:
-    the unnormalized output, the running max and the running sum (all fp32, base 2).
-    ``KV_EVICT``: the L2 eviction policy of the context's loads ("" the default)."""
+    the unnormalized output, the running max and the running sum (all fp32, base 2)."""
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
@@ -52,8 +51,8 @@ def _attend_range(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k_off = page[:, None] * stride_k_blk + tok[:, None] * stride_k_tok + offs_d[None, :]
         v_off = page[:, None] * stride_v_blk + tok[:, None] * stride_v_tok + offs_d[None, :]
-        k = tl.load(k_base + k_off, mask=kv_mask, other=0.0, eviction_policy=KV_EVICT)
-        v = tl.load(v_base + v_off, mask=kv_mask, other=0.0, eviction_policy=KV_EVICT)
+        k = tl.load(k_base + k_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_base + v_off, mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         qk = tl.where(n_mask[None, :], qk * scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
@@ -201,7 +200,7 @@ def _decode_planned_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, UNIT: tl.constexpr, BLOCK_H: tl.constexpr,
     FUSED: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
-    PREFETCH: tl.constexpr, KV_EVICT: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     """Program ``(p, kvh)`` runs the items of chunk ``p`` of a ``DecodePlan``: each item is a
     range of one sequence's context; its partial result goes to row ``item`` of the workspace.
@@ -240,7 +239,7 @@ def _decode_planned_kernel(
         acc, m_i, l_i = _attend_range(
             q, k_ptr, v_ptr, bt_ptr + b * stride_bt, kvh, start, end, scale_log2,
             stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
-            BLOCK_G, PAGE, BLOCK_D, HEAD_DIM, BLOCK_N, DOT_PRECISION, KV_EVICT,
+            BLOCK_G, PAGE, BLOCK_D, HEAD_DIM, BLOCK_N, DOT_PRECISION,
         )  # fmt: skip
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -332,8 +331,7 @@ def paged_attention_decode(
     ``prefetch`` (with ``plan``, on CUDA): a contiguous tensor that the kernels after this one
     will read (the layer's next weights) and that nothing writes; the attention's programs pull
     it into L2 while the context streams past (the plan config's ``prefetch``: 1 before their
-    items, the default, 2 after them). ``kv_evict`` 1 in the config loads the context with
-    ``evict_first``.
+    items, the default, 2 after them).
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -409,7 +407,7 @@ def _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=cfg["block_n"], UNIT=PLAN_UNIT,
         BLOCK_H=block_h, FUSED=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        PREFETCH=prefetch_mode, KV_EVICT="evict_first" if cfg.get("kv_evict") else "",
+        PREFETCH=prefetch_mode,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q),
     )  # fmt: skip
     if not fused:

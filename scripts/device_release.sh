@@ -11,15 +11,17 @@
 # opted in), then the CUDA kernel tests, the prefill rows, the throughput, the conformance suite,
 # gpu_check, the decode rows and the profile. A second call on the still-warm machine reuses the
 # Triton cache the first one filled. DEADLINE (seconds) shortens the steps' limits so that the
-# last one ends before the device call's own limit. Three steps run only when named: ablation
+# last one ends before the device call's own limit. Five steps run only when named: ablation
 # (scripts/diag_engine_ablation.py, what each kind of kernel costs inside the engine),
 # decode_steps (scripts/diag_decode_workload.py, the decode attention on the workload's steps in
-# CUDA graphs) and chain (scripts/diag_decode_chain.py, ways to run the decode step's GEMMs and
-# attention: two half-batches on two streams, the next weights prefetched into L2).
-# SWEEP=1 also times every candidate prefill configuration (the row's default among them). The throughput step alternates LLM and AsyncLLM
-# twice (THROUGHPUT_ENGINES) and reports the ratio of their medians: one run each is within the
-# run-to-run spread of about 2.6%. A step that hangs is cut at its limit
-# (2026-12-05: every bf16 step that ran the first TMA prefill kernel).
+# CUDA graphs), chain (scripts/diag_decode_chain.py, ways to run the decode step's GEMMs and
+# attention: two half-batches on two streams, the next weights prefetched into L2), read_rate
+# (scripts/diag_read_rate.py, whether reading alone beats the copy rate) and l2_prefetch (LLM's
+# throughput with ENGINE_KERNELS_L2_PREFETCH off and on, alternating, each in a fresh process).
+# SWEEP=1 also times every candidate prefill configuration (the row's default among them). The
+# throughput step alternates LLM and AsyncLLM twice (THROUGHPUT_ENGINES) and reports the ratio
+# of their medians: one run each is within the run-to-run spread of about 2.6%. A step that
+# hangs is cut at its limit (2026-12-05: every bf16 step that ran the first TMA prefill kernel).
 set -uo pipefail
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -52,6 +54,11 @@ for name in $STEPS; do
       decode_attention prefill_attention linear lm_head ;;
     decode_steps) TAIL=3 step decode_steps 150 python3 scripts/diag_decode_workload.py ;;
     chain) TAIL=14 step chain 240 python3 scripts/diag_decode_chain.py ;;
+    read_rate) TAIL=10 step read_rate 90 python3 scripts/diag_read_rate.py ;;
+    l2_prefetch) for v in 0 1 0 1; do
+        TAIL=6 step "l2_prefetch_$v" 100 env ENGINE_KERNELS_L2_PREFETCH=$v \
+          python3 -m benchmarks.gpu_throughput --engines llm
+      done ;;
     tma_probe) TAIL=40 step tma_probe 200 bash scripts/device_tma_probe.sh
       if [ "$STATUS" = 0 ]; then  # its defaults returned right: the steps after it use it
         export ENGINE_KERNELS_TMA_PREFILL=1

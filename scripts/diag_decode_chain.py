@@ -17,8 +17,8 @@ layer, in the order they are read):
   half's attention fill the SMs that the other half's GEMMs leave idle?
 - ``prefetch``: the attention's programs pull the layer's o, gate-up and down weights and the
   next layer's qkv weights into L2 (``evict_last``) while the context streams past, before their
-  items (``at end``: after them); ``KV evict_first``: the context's loads marked to leave L2
-  first (alone, and with the prefetch).
+  items (``at end``: after them). (Marking the context's loads ``evict_first`` was tried for
+  this too: Triton 3.6 pipelines them into ``cp.async`` copies that drop the hint.)
 
     python scripts/diag_decode_chain.py [--every 128]
 
@@ -133,8 +133,6 @@ VARIANTS = {
     "two streams, 2/SM": (True, True, 2, {}, False),
     "prefetch": (False, False, 4, {}, True),
     "prefetch at end": (False, False, 4, {"prefetch": 2}, True),
-    "KV evict_first": (False, False, 4, {"kv_evict": 1}, False),
-    "prefetch, KV evict_first": (False, False, 4, {"kv_evict": 1}, True),
 }
 NAMES = list(VARIANTS)
 

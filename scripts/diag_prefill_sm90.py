@@ -90,14 +90,20 @@ def compile_gluon(head_dim: int, block_m: int, block_n: int, pingpong: bool = Fa
 WGMMA_WAIT = re.compile(r"wgmma\.wait_group\.sync\.aligned (\d+)")
 
 
-def report(kernel) -> str:
+def resources(kernel) -> tuple[int, int]:
+    """Registers per thread and bytes of stack (spills) of a compiled kernel, from its cubin."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
         usage = subprocess.run(
             [CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True
         ).stdout
-    regs, stack = (re.search(rf"{k}:(\d+)", usage).group(1) for k in ("REG", "STACK"))
+    regs, stack = (int(re.search(rf"{k}:(\d+)", usage).group(1)) for k in ("REG", "STACK"))
+    return regs, stack
+
+
+def report(kernel) -> str:
+    regs, stack = resources(kernel)
     ptx = kernel.asm["ptx"]
     return (f"registers {regs}, stack {stack} B, shared {kernel.metadata.shared} B, "
             f"warp-specialised {'ttg.warp_specialize' in kernel.asm['ttgir']}, "

@@ -166,13 +166,11 @@ def test_decode_planned(tops, dtype, device, num_programs, heads, kv_heads, fuse
 
 
 @pytest.mark.parametrize("fused", [1, 0])
-@pytest.mark.parametrize(
-    "hints", [{"prefetch": 1}, {"prefetch": 2}, {"kv_evict": 1}, {"prefetch": 1, "kv_evict": 1}]
-)
-def test_decode_planned_cache_hints_change_no_bit(tops, dtype, device, hints, fused):
-    """The L2 prefetch of the next weights (before or after the programs' items) and
-    ``evict_first`` context loads are hints: the same bits out, the prefetched range untouched
-    (the interpreter, which has no inline assembly, skips the prefetch)."""
+@pytest.mark.parametrize("mode", [1, 2])
+def test_decode_planned_prefetch_changes_no_bit(tops, dtype, device, mode, fused):
+    """The L2 prefetch of the next weights (before or after the programs' items) is a hint: the
+    same bits out, the prefetched range untouched (the interpreter, which has no inline
+    assembly, skips it)."""
     from engine_kernels.decode_split import DecodePlan, plan_workspace_numel
 
     lens_list = DECODE_LENS + [300, 129]
@@ -187,11 +185,11 @@ def test_decode_planned_cache_hints_change_no_bit(tops, dtype, device, hints, fu
     weights = torch.randn(3, 1000, 77, dtype=dtype, device=device)  # not whole 128-byte lines
     before = weights.clone()
     outs = []
-    for config, prefetch in (({"fused": fused}, None), ({"fused": fused, **hints}, weights)):
+    for prefetch in (None, weights):
         out = torch.full_like(q, float("nan"))
         tops.paged_attention_decode(
             q, k_cache, v_cache, tables, lens, head_dim**-0.5, out=out, plan=plan,
-            workspace=workspace, config=config, prefetch=prefetch,
+            workspace=workspace, config={"fused": fused, "prefetch": mode}, prefetch=prefetch,
         )  # fmt: skip
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
