@@ -17,8 +17,8 @@ layer, in the order they are read):
   half's attention fill the SMs that the other half's GEMMs leave idle?
 - ``prefetch``: the attention's programs pull the layer's o, gate-up and down weights and the
   next layer's qkv weights into L2 (``evict_last``) while the context streams past, before their
-  items (``at end``: after them). (Marking the context's loads ``evict_first`` was tried for
-  this too: Triton 3.6 pipelines them into ``cp.async`` copies that drop the hint.)
+  items (``at end``: after them). (Marking the context's loads ``evict_first`` was considered
+  too: Triton 3.6 pipelines them into ``cp.async`` copies that drop the hint.)
 
     python scripts/diag_decode_chain.py [--every 128]
 
