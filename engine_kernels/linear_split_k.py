@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from engine_kernels.activation import silu_and_mul
+from engine_kernels.l2_prefetch import LINE_BYTES, prefetch_to_l2
 from engine_kernels.pdl import pdl_launch, wait_for_prior_kernel
 from engine_kernels.rms_norm import fused_add_rms_norm, partials_add_rms_norm
 
@@ -136,10 +137,7 @@ def _split_k_kernel(
         rows = tl.minimum(rn, N - 1).to(tl.int64) * stride_w
         for k in range(0, k_per_split, BLOCK_K):
             line_ptrs = w_ptr + rows[:, None] + tl.minimum(lines + k, K - 1)[None, :]
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2::evict_last [$1]; // $0", "=r,l", [line_ptrs],
-                dtype=tl.int32, is_pure=False, pack=1,
-            )  # fmt: skip
+            prefetch_to_l2(line_ptrs)
     wait_for_prior_kernel(PDL)
     a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_a + rk[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -193,7 +191,7 @@ def split_k_partials(
         EVEN_K=k % k_per_split == 0,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
-        PREFETCH_STEP=min(cfg.block_k, 128 // weight.element_size()),
+        PREFETCH_STEP=min(cfg.block_k, LINE_BYTES // weight.element_size()),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(parts),
     )  # fmt: skip
     return parts

@@ -22,6 +22,7 @@ from engine_kernels.decode_split import (
     default_num_splits,
     plan_workspace_numel,
 )
+from engine_kernels.l2_prefetch import LINE_BYTES, prefetch_share_to_l2
 from engine_kernels.pdl import pdl_launch, wait_for_prior_kernel
 
 _LOG2E = 1.4426950408889634
@@ -177,20 +178,6 @@ def _merge_items(
 
 
 @triton.jit
-def _prefetch_to_l2(base, num_lines, pid, num_pids, BLOCK: tl.constexpr):
-    """Program ``pid`` of ``num_pids`` asks L2 for its share of the ``num_lines`` 128-byte
-    lines from ``base`` (a byte pointer), to be evicted last; the loads that want them come
-    later, in another kernel."""
-    per = tl.cdiv(num_lines, num_pids)
-    for i in range(pid * per, tl.minimum(pid * per + per, num_lines), BLOCK):
-        line = tl.minimum(i + tl.arange(0, BLOCK), num_lines - 1).to(tl.int64)
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2::evict_last [$1]; // $0", "=r,l", [base + line * 128],
-            dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
-
-
-@triton.jit
 def _decode_planned_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, plan_ptr, scale_log2,
     stride_qb, stride_qh, stride_ob, stride_oh,
@@ -219,7 +206,7 @@ def _decode_planned_kernel(
     kvh = tl.program_id(1)
     pid, num_pids = kvh * tl.num_programs(0) + p, tl.num_programs(0) * tl.num_programs(1)
     if PREFETCH == 1:
-        _prefetch_to_l2(prefetch_ptr, prefetch_lines, pid, num_pids, 128)
+        prefetch_share_to_l2(prefetch_ptr, prefetch_lines, pid, num_pids, 128)
     wait_for_prior_kernel(PDL)
     first = tl.load(plan_ptr + p)
     last = tl.load(plan_ptr + p + 1)
@@ -264,7 +251,7 @@ def _decode_planned_kernel(
                     )  # fmt: skip
                     tl.store(plan_ptr + o_done + b, 0)
     if PREFETCH == 2:
-        _prefetch_to_l2(prefetch_ptr, prefetch_lines, pid, num_pids, 128)
+        prefetch_share_to_l2(prefetch_ptr, prefetch_lines, pid, num_pids, 128)
     if FUSED:  # zeros for the sequences without items, spread over the programs
         for b in range(pid, batch, num_pids):
             if tl.load(plan_ptr + o_seq_start + b + 1) == tl.load(plan_ptr + o_seq_start + b):
@@ -393,7 +380,7 @@ def _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace
     fused = bool(cfg.get("fused", 0))
     if prefetch is not None and q.is_cuda and not knobs.runtime.interpret:
         assert prefetch.is_contiguous()
-        prefetch_mode, prefetch_lines = cfg.get("prefetch", 1), -(-prefetch.nbytes // 128)
+        prefetch_mode, prefetch_lines = cfg.get("prefetch", 1), -(-prefetch.nbytes // LINE_BYTES)
     else:  # nothing to pull (the interpreter has no inline assembly)
         prefetch_mode, prefetch_lines, prefetch = 0, 0, plan.device
     _decode_planned_kernel[(plan.num_programs, num_kv_heads)](
