@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.gpu_throughput import workload  # noqa: E402
 from engine_kernels import triton_ops as tops  # noqa: E402
 from engine_kernels.decode_split import DecodePlan, plan_workspace_numel  # noqa: E402
+from reference_engine.models.weight_layout import read_order_ranges  # noqa: E402
 from scripts.diag_decode_workload import (  # noqa: E402
     KVH,
     LAYERS,
@@ -57,25 +58,17 @@ HIDDEN, INTER = 1024, 3072  # Qwen3-0.6B's; its heads are diag_decode_workload's
 BF16 = torch.bfloat16
 
 
-def layer_weights(dev) -> tuple[list[tuple[torch.Tensor, ...]], list[torch.Tensor | None]]:
-    """Each layer's (qkv, o, gate-up, down) weights, views of one buffer in that order, and
-    what the layer's attention prefetches: its o, gate-up and down weights and the next layer's
-    qkv weights, one contiguous range."""
+def layer_weights(dev) -> tuple[list[tuple[torch.Tensor, ...]], list[torch.Tensor]]:
+    """Each layer's (qkv, o, gate-up, down) weights, views of one buffer in read order as the
+    engine packs them (reference_engine/models/weight_layout.py), and what the layer's
+    attention prefetches: its o, gate-up and down weights and the next layer's qkv weights."""
     shapes = [((H + 2 * KVH) * D, HIDDEN), (HIDDEN, H * D), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
-    sizes = [o * i for o, i in shapes]
-    per_layer = sum(sizes)
-    flat = torch.randn(LAYERS * per_layer, dtype=BF16, device=dev)
-    weights, prefetch = [], []
-    for layer in range(LAYERS):
-        offset = layer * per_layer
-        views = []
-        for (o, i), size in zip(shapes, sizes):
-            views.append(flat[offset : offset + size].view(o, i).mul_(i**-0.5))
-            offset += size
-        weights.append(tuple(views))
-        end = min(offset + sizes[0], flat.numel())  # the next layer's qkv, if any
-        prefetch.append(flat[layer * per_layer + sizes[0] : end])
-    return weights, prefetch
+    offsets, ranges = read_order_ranges([o * i for o, i in shapes] * LAYERS)
+    flat = torch.randn(offsets[-1], dtype=BF16, device=dev)
+    views = [flat[start:end].view(o, i).mul_(i**-0.5)
+             for (o, i), start, end in zip(shapes * LAYERS, offsets, offsets[1:])]  # fmt: skip
+    weights = [tuple(views[4 * layer : 4 * layer + 4]) for layer in range(LAYERS)]
+    return weights, [flat[start:end] for start, end in ranges]
 
 
 class Chain:

@@ -10,6 +10,7 @@ the range from its o projection to the next layer's qkv projection.
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import torch
@@ -24,34 +25,38 @@ def _projections(layer: nn.Module) -> list[nn.Linear]:
     return [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
 
 
+def read_order_ranges(sizes: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
+    """For projection sizes in read order (qkv, o, gate-up, down per layer): where each starts
+    in one buffer (and the end), and each layer's prefetch range, from its o projection to the
+    end of the next layer's qkv (the last layer's to the end of its down)."""
+    offsets = [0, *itertools.accumulate(sizes)]
+    last = len(sizes)
+    return offsets, [(offsets[i + 1], offsets[min(i + 5, last)]) for i in range(0, last, 4)]
+
+
 def pack_for_l2_prefetch(model: nn.Module, l2_bytes: int | None = None) -> bool:
     """When a layer's next weights fit in ``MAX_L2_SHARE`` of an L2 of ``l2_bytes`` (default:
     the GPU's; on the CPU nothing is done), moves the layers' projection weights into one
     buffer in read order and sets each attention's ``l2_prefetch``; returns whether it did.
     Opt-in until measured end to end: ``ENGINE_KERNELS_L2_PREFETCH=1`` turns it on."""
-    layers = list(model.layers)
-    first = _projections(layers[0])[0].weight
     if os.environ.get("ENGINE_KERNELS_L2_PREFETCH", "0") != "1":
         return False
+    layers = list(model.layers)
+    linears = [lin for layer in layers for lin in _projections(layer)]
+    first = linears[0].weight
     if l2_bytes is None:
         if not first.is_cuda:
             return False
         l2_bytes = torch.cuda.get_device_properties(first.device).L2_cache_size
-    linears = [lin for layer in layers for lin in _projections(layer)]
-    sizes = [lin.weight.numel() for lin in linears]
-    span = max(sum(sizes[i + 1 : i + 5]) for i in range(0, len(sizes), 4))
-    if span * first.element_size() > MAX_L2_SHARE * l2_bytes:
+    offsets, ranges = read_order_ranges([lin.weight.numel() for lin in linears])
+    if max(end - start for start, end in ranges) * first.element_size() > MAX_L2_SHARE * l2_bytes:
         return False
-    flat = torch.empty(sum(sizes), dtype=first.dtype, device=first.device)
-    offsets = [0]
-    for lin, size in zip(linears, sizes):
-        view = flat[offsets[-1] : offsets[-1] + size].view_as(lin.weight)
+    flat = torch.empty(offsets[-1], dtype=first.dtype, device=first.device)
+    for lin, start, end in zip(linears, offsets, offsets[1:]):
+        view = flat[start:end].view_as(lin.weight)
         view.copy_(lin.weight)
         lin.weight = nn.Parameter(view, requires_grad=False)
-        offsets.append(offsets[-1] + size)
-    for i, layer in enumerate(layers):
-        # From this layer's o projection to the end of the next layer's qkv (or of this down).
-        start, end = offsets[4 * i + 1], offsets[min(4 * i + 5, len(linears))]
+    for layer, (start, end) in zip(layers, ranges):
         layer.self_attn.l2_prefetch = flat[start:end]
     if flat.is_cuda:  # the old weights' blocks back to the driver, for the KV cache's sizing
         torch.cuda.empty_cache()
