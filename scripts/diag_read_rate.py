@@ -8,7 +8,7 @@ the attention has more headroom than 6%. This times, on one 4 GiB buffer:
 - ``copy``: ``dst.copy_(src)``, read + written bytes (benchmarks.gpu_throughput's figure);
 - ``torch sum``: ``src.sum()``, read bytes;
 - ``triton read, B x W``: a Triton kernel that sums its slice of the buffer in tiles of B
-  elements with W warps, each program one slice, read bytes (the fastest of a few launches).
+  elements with W warps, each program one slice, read bytes (a row per launch shape).
 
     python scripts/diag_read_rate.py
 """
