@@ -17,7 +17,8 @@
 # CUDA graphs), chain (scripts/diag_decode_chain.py, ways to run the decode step's GEMMs and
 # attention: two half-batches on two streams, the next weights prefetched into L2), read_rate
 # (scripts/diag_read_rate.py, whether reading alone beats the copy rate) and l2_prefetch (LLM's
-# throughput with ENGINE_KERNELS_L2_PREFETCH off and on, alternating, each in a fresh process).
+# throughput with ENGINE_KERNELS_L2_PREFETCH off and on, alternating, each in a fresh process;
+# when every run with it beats every run without, the steps after it run with it on).
 # SWEEP=1 also times every candidate prefill configuration (the row's default among them). The
 # throughput step alternates LLM and AsyncLLM twice (THROUGHPUT_ENGINES) and reports the ratio
 # of their medians: one run each is within the run-to-run spread of about 2.6%. A step that
@@ -35,6 +36,9 @@ STEPS="${STEPS:-tma_probe kernel_tests prefill throughput conformance gpu_check 
 } 2>&1 | tee -a "$LOG"
 
 source scripts/device_step.sh
+
+# The reference LLM's output tok/s in each benchmarks.gpu_throughput log given, one a line.
+llm_tok_s() { grep -h "^| reference LLM |" "$@" | awk -F'|' '{gsub(/[ ,]/, "", $6); print $6}'; }
 
 for name in $STEPS; do
   case $name in
@@ -55,10 +59,24 @@ for name in $STEPS; do
     decode_steps) TAIL=3 step decode_steps 150 python3 scripts/diag_decode_workload.py ;;
     chain) TAIL=14 step chain 240 python3 scripts/diag_decode_chain.py ;;
     read_rate) TAIL=10 step read_rate 90 python3 scripts/diag_read_rate.py ;;
-    l2_prefetch) for v in 0 1 0 1; do
-        TAIL=6 step "l2_prefetch_$v" 100 env ENGINE_KERNELS_L2_PREFETCH=$v \
+    l2_prefetch) round=0
+      for v in 0 1 0 1; do
+        round=$((round + 1))
+        TAIL=6 step "l2_prefetch_${round}_$v" 100 env ENGINE_KERNELS_L2_PREFETCH=$v \
           python3 -m benchmarks.gpu_throughput --engines llm
-      done ;;
+      done
+      # Opted in for the steps after it only when every run with it beat every run without.
+      off=$(llm_tok_s /tmp/l2_prefetch_*_0.log | sort -n | tail -n 1)
+      on=$(llm_tok_s /tmp/l2_prefetch_*_1.log | sort -n | head -n 1)
+      if [ "$(llm_tok_s /tmp/l2_prefetch_*_1.log | wc -l)" = 2 ] && [ -n "$off" ] \
+        && [ "$on" -gt "$off" ]; then
+        export ENGINE_KERNELS_L2_PREFETCH=1
+        echo "== the L2 prefetch won (slowest with it $on > fastest without $off tok/s):" \
+          "opted in from here" | tee -a "$LOG"
+      else
+        echo "== the L2 prefetch did not win (with it: slowest ${on:-none};" \
+          "without it: fastest ${off:-none} tok/s): left off" | tee -a "$LOG"
+      fi ;;
     tma_probe) TAIL=40 step tma_probe 200 bash scripts/device_tma_probe.sh
       if [ "$STATUS" = 0 ]; then  # its defaults returned right: the steps after it use it
         export ENGINE_KERNELS_TMA_PREFILL=1
