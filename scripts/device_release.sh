@@ -15,7 +15,8 @@
 # (scripts/diag_engine_ablation.py, what each kind of kernel costs inside the engine),
 # decode_steps (scripts/diag_decode_workload.py, the decode attention on the workload's steps in
 # CUDA graphs), chain (scripts/diag_decode_chain.py, ways to run the decode step's GEMMs and
-# attention: two half-batches on two streams, the next weights prefetched into L2), read_rate
+# attention: by default the next weights prefetched into L2, all or half of them; CHAIN_VARIANTS
+# picks others, such as two half-batches on two streams), read_rate
 # (scripts/diag_read_rate.py, whether reading alone beats the copy rate) and l2_prefetch (LLM's
 # throughput with ENGINE_KERNELS_L2_PREFETCH off and on, alternating, each in a fresh process;
 # when every run with it beats every run without, the steps after it run with it on).
@@ -57,7 +58,8 @@ for name in $STEPS; do
     ablation) TAIL=8 step ablation 200 python3 scripts/diag_engine_ablation.py none \
       decode_attention prefill_attention linear lm_head ;;
     decode_steps) TAIL=3 step decode_steps 150 python3 scripts/diag_decode_workload.py ;;
-    chain) TAIL=14 step chain 240 python3 scripts/diag_decode_chain.py ;;
+    chain) TAIL=14 step chain 240 python3 scripts/diag_decode_chain.py \
+      --variants "${CHAIN_VARIANTS:-one stream,prefetch,prefetch at end,prefetch half}" ;;
     read_rate) TAIL=10 step read_rate 90 python3 scripts/diag_read_rate.py ;;
     l2_prefetch) round=0
       for v in 0 1 0 1; do

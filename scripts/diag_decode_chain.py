@@ -18,9 +18,11 @@ layer, in the order they are read):
 - ``prefetch``: the attention's programs pull the layer's o, gate-up and down weights and the
   next layer's qkv weights into L2 (``evict_last``) while the context streams past, before their
   items (``at end``: after them). (Marking the context's loads ``evict_first`` was considered
-  too: Triton 3.6 pipelines them into ``cp.async`` copies that drop the hint.)
+  too: Triton 3.6 pipelines them into ``cp.async`` copies that drop the hint.) ``prefetch
+  half``: the first half of that range only (o and most of gate-up), in case all of it crowds the
+  context out of L2.
 
-    python scripts/diag_decode_chain.py [--every 128]
+    python scripts/diag_decode_chain.py [--every 128] [--variants "one stream,prefetch"]
 
 Each row also checks that every variant's hidden states are within rounding of one stream's
 (cuBLAS may pick other tiles for another row count, and another plan cuts the attention
@@ -118,29 +120,33 @@ def two_streams(chains: list[Chain], streams: list[torch.cuda.Stream]) -> None:
         main.wait_stream(stream)
 
 
-# name -> (halves, two streams, attention programs per SM, plan config, prefetch)
+# name -> (halves, two streams, attention programs per SM, plan config, share of the range
+# prefetched: 0 none, 1 all of it, 0.5 its first half)
 VARIANTS = {
-    "one stream": (False, False, 4, {}, False),
-    "halves in turn": (True, False, 4, {}, False),
-    "two streams, 4/SM": (True, True, 4, {}, False),
-    "two streams, 2/SM": (True, True, 2, {}, False),
-    "prefetch": (False, False, 4, {}, True),
-    "prefetch at end": (False, False, 4, {"prefetch": 2}, True),
+    "one stream": (False, False, 4, {}, 0),
+    "halves in turn": (True, False, 4, {}, 0),
+    "two streams, 4/SM": (True, True, 4, {}, 0),
+    "two streams, 2/SM": (True, True, 2, {}, 0),
+    "prefetch": (False, False, 4, {}, 1),
+    "prefetch at end": (False, False, 4, {"prefetch": 2}, 1),
+    "prefetch half": (False, False, 4, {}, 0.5),
 }
-NAMES = list(VARIANTS)
 
 
-def time_step(weights, prefetch, caches, lens: list[int], nb: int, dev):
-    """Each variant's graph replay time (ms) on one step of ``lens``, and its hidden states."""
+def time_step(names, weights, prefetch, caches, lens: list[int], nb: int, dev):
+    """Each named variant's graph replay time (ms) on one step of ``lens``, and its hidden
+    states."""
     n, half = len(lens), len(lens) // 2
     tables = page_tables(lens, torch.randperm(nb, device=dev), dev)
     x0 = torch.randn(n, HIDDEN, dtype=BF16, device=dev)
     side = functools.partial(two_streams, streams=[torch.cuda.Stream(), torch.cuda.Stream()])
     times, outputs = [], {}
-    for name, (halves, streams, per_sm, config, pulls) in VARIANTS.items():
+    for name in names:
+        halves, streams, per_sm, config, share = VARIANTS[name]
+        pulls = [p[: int(len(p) * share)] for p in prefetch] if share else None
         rows = [slice(0, half), slice(half, n)] if halves else [slice(0, n)]
-        group = [Chain(weights, caches, lens[r], tables[r], dev, per_sm, config,
-                       prefetch if pulls else None) for r in rows]  # fmt: skip
+        group = [Chain(weights, caches, lens[r], tables[r], dev, per_sm, config, pulls)
+                 for r in rows]  # fmt: skip
         fn = functools.partial(side if streams else in_turn, group)
         for chain, r in zip(group, rows):
             chain.x.copy_(x0[r])
@@ -154,7 +160,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--every", type=int, default=128, help="time every Nth decode step")
     ap.add_argument("--caches", type=int, default=4, help="distinct layers' caches (<= 28)")
+    ap.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="comma-separated, one stream first (the baseline of the last column)",
+    )
     args = ap.parse_args()
+    names = args.variants.split(",")
+    assert names[0] == "one stream" and set(names) <= set(VARIANTS), names
     dev = torch.device("cuda")
     torch.manual_seed(0)
     prompts, outs = workload(256)
@@ -166,21 +179,21 @@ def main() -> None:
     weights, prefetch = layer_weights(dev)
     print(f"{torch.cuda.get_device_name(dev)}; {LAYERS} layers of Qwen3-0.6B's decode GEMMs and "
           f"attention per CUDA graph, {args.caches} layers' caches")  # fmt: skip
-    print("| step | live | " + " | ".join(f"{n} ms" for n in NAMES) + " | best / one stream |")
-    print("|---:|---:|" + "---:|" * (len(NAMES) + 1))
-    totals = dict.fromkeys(NAMES, 0.0)
+    print("| step | live | " + " | ".join(f"{n} ms" for n in names) + " | best / one stream |")
+    print("|---:|---:|" + "---:|" * (len(names) + 1))
+    totals = dict.fromkeys(names, 0.0)
     wrong = []
     for t in range(0, max(outs), args.every):
         lens = [p + t + 1 for p, o in zip(plens, outs) if o > t]
         if len(lens) < 2:
             break
-        times, outputs = time_step(weights, prefetch, caches, lens, nb, dev)
+        times, outputs = time_step(names, weights, prefetch, caches, lens, nb, dev)
         ref = outputs["one stream"]
         for name, got in outputs.items():  # other row counts or plans: other rounding only
             err = ((got - ref).norm() / ref.norm()).item()
             if err >= 0.1:  # reported at the end, so that the other rows are still timed
                 wrong.append(f"step {t}, {name}: relative error {err:.1e} against one stream")
-        for name, ms in zip(NAMES, times):
+        for name, ms in zip(names, times):
             totals[name] += ms * args.every / 1e3
         print(f"| {t} | {len(lens)} | " + " | ".join(f"{ms:.2f}" for ms in times)
               + f" | {min(times[1:]) / times[0]:.2f} |", flush=True)  # fmt: skip
