@@ -62,16 +62,17 @@ for name in $STEPS; do
       --variants "${CHAIN_VARIANTS:-one stream,prefetch,prefetch at end,prefetch half}" ;;
     read_rate) TAIL=10 step read_rate 90 python3 scripts/diag_read_rate.py ;;
     l2_prefetch) round=0
+      rm -f /tmp/l2_prefetch_*.log  # a warm machine's earlier call left its own
       for v in 0 1 0 1; do
         round=$((round + 1))
         TAIL=6 step "l2_prefetch_${round}_$v" 100 env ENGINE_KERNELS_L2_PREFETCH=$v \
           python3 -m benchmarks.gpu_throughput --engines llm
       done
       # Opted in for the steps after it only when every run with it beat every run without.
-      off=$(llm_tok_s /tmp/l2_prefetch_*_0.log | sort -n | tail -n 1)
-      on=$(llm_tok_s /tmp/l2_prefetch_*_1.log | sort -n | head -n 1)
-      if [ "$(llm_tok_s /tmp/l2_prefetch_*_1.log | wc -l)" = 2 ] && [ -n "$off" ] \
-        && [ "$on" -gt "$off" ]; then
+      offs=$(llm_tok_s /tmp/l2_prefetch_*_0.log | sort -n)
+      ons=$(llm_tok_s /tmp/l2_prefetch_*_1.log | sort -n)
+      off=$(tail -n 1 <<< "$offs") on=$(head -n 1 <<< "$ons")
+      if [ "$(wc -w <<< "$offs $ons")" = 4 ] && [ "$on" -gt "$off" ]; then
         export ENGINE_KERNELS_L2_PREFETCH=1
         echo "== the L2 prefetch won (slowest with it $on > fastest without $off tok/s):" \
           "opted in from here" | tee -a "$LOG"
