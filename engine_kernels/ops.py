@@ -195,10 +195,7 @@ def paged_attention_decode(
     workspace: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     plan: DecodePlan | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``prefetch``: a range the kernels after this one read, pulled into L2 while the
-    attention runs (a hint: the planned Triton kernel on CUDA takes it, the others ignore it)."""
     backend = _backend(q)
     if backend is reference:
         result = reference.paged_attention_decode(
@@ -207,7 +204,7 @@ def paged_attention_decode(
         return result if out is None else out.copy_(result)
     return backend.paged_attention_decode(
         q, k_cache, v_cache, block_tables, seq_lens, scale,
-        num_splits=num_splits, workspace=workspace, out=out, plan=plan, prefetch=prefetch,
+        num_splits=num_splits, workspace=workspace, out=out, plan=plan,
     )  # fmt: skip
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton import knobs
 
 from engine_kernels.decode_split import (
     PLAN_UNIT,
@@ -22,7 +21,6 @@ from engine_kernels.decode_split import (
     default_num_splits,
     plan_workspace_numel,
 )
-from engine_kernels.l2_prefetch import LINE_BYTES, prefetch_share_to_l2
 from engine_kernels.pdl import pdl_launch, wait_for_prior_kernel
 
 _LOG2E = 1.4426950408889634
@@ -183,11 +181,10 @@ def _decode_planned_kernel(
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, stride_bt,
     num_heads, num_kv_heads, batch, o_seq_start, o_item_seq, o_item_u0, o_item_u1, o_done,
-    seq_lens_ptr, prefetch_ptr, prefetch_lines,
+    seq_lens_ptr,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, UNIT: tl.constexpr, BLOCK_H: tl.constexpr,
     FUSED: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     """Program ``(p, kvh)`` runs the items of chunk ``p`` of a ``DecodePlan``: each item is a
     range of one sequence's context; its partial result goes to row ``item`` of the workspace.
@@ -196,18 +193,10 @@ def _decode_planned_kernel(
     once; otherwise each program counts its partial in the plan's ``done[b]`` (an acq_rel
     atomic), and the one that completes the count merges all of ``b``'s partials and resets
     the counter. Sequences without items (empty, or padding rows up to ``batch``) get zeros.
-    Without ``FUSED`` the reduce kernel below does the merge in a second launch.
-
-    ``PREFETCH`` (1: first thing, 2: after its items): the programs pull ``prefetch_lines``
-    128-byte lines from ``prefetch_ptr`` into L2 between them, for the kernels after this one
-    (the layer's next weights, which no kernel writes, so before the wait for the prior kernel
-    is safe)."""
+    Without ``FUSED`` the reduce kernel below does the merge in a second launch."""
+    wait_for_prior_kernel(PDL)
     p = tl.program_id(0)
     kvh = tl.program_id(1)
-    pid, num_pids = kvh * tl.num_programs(0) + p, tl.num_programs(0) * tl.num_programs(1)
-    if PREFETCH == 1:
-        prefetch_share_to_l2(prefetch_ptr, prefetch_lines, pid, num_pids, 128)
-    wait_for_prior_kernel(PDL)
     first = tl.load(plan_ptr + p)
     last = tl.load(plan_ptr + p + 1)
     offs_g = tl.arange(0, BLOCK_G)
@@ -250,10 +239,9 @@ def _decode_planned_kernel(
                         num_heads, HEAD_DIM, BLOCK_D, BLOCK_H, True,
                     )  # fmt: skip
                     tl.store(plan_ptr + o_done + b, 0)
-    if PREFETCH == 2:
-        prefetch_share_to_l2(prefetch_ptr, prefetch_lines, pid, num_pids, 128)
     if FUSED:  # zeros for the sequences without items, spread over the programs
-        for b in range(pid, batch, num_pids):
+        pid = kvh * tl.num_programs(0) + p
+        for b in range(pid, batch, tl.num_programs(0) * num_kv_heads):
             if tl.load(plan_ptr + o_seq_start + b + 1) == tl.load(plan_ptr + o_seq_start + b):
                 _merge_items(o_ptr, part_o_ptr, part_lse_ptr, b, 0, 0, stride_ob, stride_oh,
                              num_heads, HEAD_DIM, BLOCK_D, BLOCK_H, False)  # fmt: skip
@@ -299,7 +287,6 @@ def paged_attention_decode(
     out: torch.Tensor | None = None,
     config: dict[str, int] | None = None,
     plan: DecodePlan | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Triton twin of ``reference.paged_attention_decode`` (``q [B, H, D]``).
 
@@ -314,11 +301,6 @@ def paged_attention_decode(
     ``device`` buffer): the grid is then ``(plan.num_programs, num_kv_heads)`` whatever the
     contexts, and the work follows the plan; ``workspace`` must then hold
     ``plan_workspace_numel(plan.max_items, H, D)`` elements and ``num_splits`` is ignored.
-
-    ``prefetch`` (with ``plan``, on CUDA): a contiguous tensor that the kernels after this one
-    will read (the layer's next weights) and that nothing writes; the attention's programs pull
-    it into L2 while the context streams past (the plan config's ``prefetch``: 1 before their
-    items, the default, 2 after them).
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -330,7 +312,7 @@ def paged_attention_decode(
     if plan is not None:
         cfg = {**_decode_config(q, planned=True), **plan.config, **(config or {})}
         return _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace, out,
-                        cfg, prefetch)  # fmt: skip
+                        cfg)  # fmt: skip
     if num_splits is None:
         num_splits = default_num_splits(batch, num_kv_heads, block_tables.shape[1] * page, q.device)
     numel = decode_workspace_numel(batch, num_heads, head_dim, num_splits)
@@ -362,8 +344,7 @@ def paged_attention_decode(
     return out
 
 
-def _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace, out, cfg,
-             prefetch):  # fmt: skip
+def _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace, out, cfg):
     batch, num_heads, head_dim = q.shape
     num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
     assert batch <= plan.max_batch and PLAN_UNIT % cfg["block_n"] == 0
@@ -378,23 +359,16 @@ def _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace
     block_d = max(triton.next_power_of_2(head_dim), 16)
     block_h = triton.next_power_of_2(num_heads)
     fused = bool(cfg.get("fused", 0))
-    if prefetch is not None and q.is_cuda and not knobs.runtime.interpret:
-        assert prefetch.is_contiguous()
-        prefetch_mode, prefetch_lines = cfg.get("prefetch", 1), -(-prefetch.nbytes // LINE_BYTES)
-    else:  # nothing to pull (the interpreter has no inline assembly)
-        prefetch_mode, prefetch_lines, prefetch = 0, 0, plan.device
     _decode_planned_kernel[(plan.num_programs, num_kv_heads)](
         q, k_cache, v_cache, out, part_o, part_lse, block_tables, plan.device, scale * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         num_heads, num_kv_heads, batch, o_seq, o_b, o_u0, o_u1, plan.done_offset, seq_lens,
-        prefetch.view(torch.uint8), prefetch_lines,
         GROUP=group, BLOCK_G=max(triton.next_power_of_2(group), 16), PAGE=page,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=cfg["block_n"], UNIT=PLAN_UNIT,
         BLOCK_H=block_h, FUSED=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        PREFETCH=prefetch_mode,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q),
     )  # fmt: skip
     if not fused:

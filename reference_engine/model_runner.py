@@ -22,7 +22,6 @@ from engine_kernels.ops import new_kv_cache
 from reference_engine.config import EngineConfig
 from reference_engine.cuda_graphs import DecodeGraphs
 from reference_engine.models import ForwardContext, load_model
-from reference_engine.models.weight_layout import pack_for_l2_prefetch
 from reference_engine.request import Request
 from reference_engine.sampler import SampledTokens, Sampler
 from reference_engine.scheduler import SchedulerOutput
@@ -79,7 +78,6 @@ class ModelRunner:
             config.model, config.device, config.dtype, config.load_format == "dummy"
         )
         self.model.init_rope(config.model.max_position_embeddings)
-        pack_for_l2_prefetch(self.model)
         self.num_blocks = self._num_kv_blocks()
         m = config.model
         shape = (self.num_blocks, self.block_size, m.num_kv_heads, m.head_dim)

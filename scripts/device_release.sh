@@ -11,15 +11,12 @@
 # opted in), then the CUDA kernel tests, the prefill rows, the throughput, the conformance suite,
 # gpu_check, the decode rows and the profile. A second call on the still-warm machine reuses the
 # Triton cache the first one filled. DEADLINE (seconds) shortens the steps' limits so that the
-# last one ends before the device call's own limit. Five steps run only when named: ablation
+# last one ends before the device call's own limit. Four steps run only when named: ablation
 # (scripts/diag_engine_ablation.py, what each kind of kernel costs inside the engine),
 # decode_steps (scripts/diag_decode_workload.py, the decode attention on the workload's steps in
 # CUDA graphs), chain (scripts/diag_decode_chain.py, ways to run the decode step's GEMMs and
-# attention: by default the next weights prefetched into L2, all or half of them; CHAIN_VARIANTS
-# picks others, such as two half-batches on two streams), read_rate
-# (scripts/diag_read_rate.py, whether reading alone beats the copy rate) and l2_prefetch (LLM's
-# throughput with ENGINE_KERNELS_L2_PREFETCH off and on, alternating, each in a fresh process;
-# when every run with it beats every run without, the steps after it run with it on).
+# attention, such as two half-batches on two streams; CHAIN_VARIANTS picks some) and read_rate
+# (scripts/diag_read_rate.py, whether reading alone beats the copy rate).
 # SWEEP=1 also times every candidate prefill configuration (the row's default among them). The
 # throughput step alternates LLM and AsyncLLM twice (THROUGHPUT_ENGINES) and reports the ratio
 # of their medians: one run each is within the run-to-run spread of about 2.6%. A step that
@@ -37,9 +34,6 @@ STEPS="${STEPS:-tma_probe kernel_tests prefill throughput conformance gpu_check 
 } 2>&1 | tee -a "$LOG"
 
 source scripts/device_step.sh
-
-# The reference LLM's output tok/s in each benchmarks.gpu_throughput log given, one a line.
-llm_tok_s() { grep -h "^| reference LLM |" "$@" | awk -F'|' '{gsub(/[ ,]/, "", $6); print $6}'; }
 
 for name in $STEPS; do
   case $name in
@@ -59,27 +53,8 @@ for name in $STEPS; do
       decode_attention prefill_attention linear lm_head ;;
     decode_steps) TAIL=3 step decode_steps 150 python3 scripts/diag_decode_workload.py ;;
     chain) TAIL=14 step chain 240 python3 scripts/diag_decode_chain.py \
-      --variants "${CHAIN_VARIANTS:-one stream,prefetch,prefetch at end,prefetch half}" ;;
+      ${CHAIN_VARIANTS:+--variants "$CHAIN_VARIANTS"} ;;
     read_rate) TAIL=10 step read_rate 90 python3 scripts/diag_read_rate.py ;;
-    l2_prefetch) round=0
-      rm -f /tmp/l2_prefetch_*.log  # a warm machine's earlier call left its own
-      for v in 0 1 0 1; do
-        round=$((round + 1))
-        TAIL=6 step "l2_prefetch_${round}_$v" 100 env ENGINE_KERNELS_L2_PREFETCH=$v \
-          python3 -m benchmarks.gpu_throughput --engines llm
-      done
-      # Opted in for the steps after it only when every run with it beat every run without.
-      offs=$(llm_tok_s /tmp/l2_prefetch_*_0.log | sort -n)
-      ons=$(llm_tok_s /tmp/l2_prefetch_*_1.log | sort -n)
-      off=$(tail -n 1 <<< "$offs") on=$(head -n 1 <<< "$ons")
-      if [ "$(wc -w <<< "$offs $ons")" = 4 ] && [ "$on" -gt "$off" ]; then
-        export ENGINE_KERNELS_L2_PREFETCH=1
-        echo "== the L2 prefetch won (slowest with it $on > fastest without $off tok/s):" \
-          "opted in from here" | tee -a "$LOG"
-      else
-        echo "== the L2 prefetch did not win (with it: slowest ${on:-none};" \
-          "without it: fastest ${off:-none} tok/s): left off" | tee -a "$LOG"
-      fi ;;
     tma_probe) TAIL=40 step tma_probe 200 bash scripts/device_tma_probe.sh
       if [ "$STATUS" = 0 ]; then  # its defaults returned right: the steps after it use it
         export ENGINE_KERNELS_TMA_PREFILL=1

@@ -6,8 +6,7 @@ few dozen CTAs, with weights that come from HBM (docs/performance.md, 2026-12-06
 ideas for that, on the throughput benchmark's own steps, each variant one CUDA graph of a step's
 28 layers (Qwen3-0.6B's shapes: the qkv, o, gate-up and down projections in cuBLAS, SiLU-and-mul,
 and the planned decode attention over the step's live context lengths; norms, rotary and the KV
-store left out, the same in every variant; the 28 layers' weights in one buffer, layer after
-layer, in the order they are read):
+store left out, the same in every variant):
 
 - ``one stream``: the whole batch's chain, as the engine runs it today;
 - ``halves in turn``: the batch cut in two halves whose chains run one after the other on one
@@ -15,14 +14,11 @@ layer, in the order they are read):
 - ``two streams, N/SM``: each half's chain on its own stream, its attention planned for N
   programs per SM (4: the engine's default, both halves contending; 2: half each): would one
   half's attention fill the SMs that the other half's GEMMs leave idle?
-- ``prefetch``: the attention's programs pull the layer's o, gate-up and down weights and the
-  next layer's qkv weights into L2 (``evict_last``) while the context streams past, before their
-  items (``at end``: after them). (Marking the context's loads ``evict_first`` was considered
-  too: Triton 3.6 pipelines them into ``cp.async`` copies that drop the hint.) ``prefetch
-  half``: the first half of that range only (o and most of gate-up), in case all of it crowds the
-  context out of L2.
 
-    python scripts/diag_decode_chain.py [--every 128] [--variants "one stream,prefetch"]
+Two streams lost at every step (H100, 2026-12-07 00:25), and so did the attention prefetching
+the layer's next weights into L2 (13:16; removed after it): docs/performance.md.
+
+    python scripts/diag_decode_chain.py [--every 128] [--variants "one stream,two streams, 4/SM"]
 
 Each row also checks that every variant's hidden states are within rounding of one stream's
 (cuBLAS may pick other tiles for another row count, and another plan cuts the attention
@@ -44,7 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.gpu_throughput import workload  # noqa: E402
 from engine_kernels import triton_ops as tops  # noqa: E402
 from engine_kernels.decode_split import DecodePlan, plan_workspace_numel  # noqa: E402
-from reference_engine.models.weight_layout import read_order_ranges  # noqa: E402
 from scripts.diag_decode_workload import (  # noqa: E402
     KVH,
     LAYERS,
@@ -60,30 +55,22 @@ HIDDEN, INTER = 1024, 3072  # Qwen3-0.6B's; its heads are diag_decode_workload's
 BF16 = torch.bfloat16
 
 
-def layer_weights(dev) -> tuple[list[tuple[torch.Tensor, ...]], list[torch.Tensor]]:
-    """Each layer's (qkv, o, gate-up, down) weights, views of one buffer in read order as the
-    engine packs them (reference_engine/models/weight_layout.py), and what the layer's
-    attention prefetches: its o, gate-up and down weights and the next layer's qkv weights."""
+def layer_weights(dev) -> list[tuple[torch.Tensor, ...]]:
+    """Each layer's (qkv, o, gate-up, down) weights."""
     shapes = [((H + 2 * KVH) * D, HIDDEN), (HIDDEN, H * D), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
-    offsets, ranges = read_order_ranges([o * i for o, i in shapes] * LAYERS)
-    flat = torch.randn(offsets[-1], dtype=BF16, device=dev)
-    views = [flat[start:end].view(o, i).mul_(i**-0.5)
-             for (o, i), start, end in zip(shapes * LAYERS, offsets, offsets[1:])]  # fmt: skip
-    weights = [tuple(views[4 * layer : 4 * layer + 4]) for layer in range(LAYERS)]
-    return weights, [flat[start:end] for start, end in ranges]
+    return [tuple(torch.randn(o, i, dtype=BF16, device=dev) * i**-0.5 for o, i in shapes)
+            for _ in range(LAYERS)]  # fmt: skip
 
 
 class Chain:
     """One batch's 28-layer decode chain over fixed buffers (a graph replays it)."""
 
-    def __init__(self, weights, caches, lens: list[int], tables, dev, per_sm: int = 4,
-                 config: dict | None = None, prefetch: list | None = None) -> None:  # fmt: skip
+    def __init__(self, weights, caches, lens: list[int], tables, dev, per_sm: int = 4) -> None:
         n = len(lens)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         self.weights, self.caches, self.tables = weights, caches, tables
-        self.prefetch = prefetch or [None] * len(weights)
         self.seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
-        self.plan = DecodePlan(n, per_sm * sms // KVH, dev, config or {})
+        self.plan = DecodePlan(n, per_sm * sms // KVH, dev)
         self.plan.fill(lens)
         self.plan.device.copy_(self.plan.host)
         self.workspace = torch.empty(plan_workspace_numel(self.plan.max_items, H, D), device=dev)
@@ -97,7 +84,7 @@ class Chain:
             q = (x @ w_qkv.t())[:, : H * D].reshape(-1, H, D)
             tops.paged_attention_decode(q, kc, vc, self.tables, self.seq_lens, 0.088,
                                         plan=self.plan, workspace=self.workspace,
-                                        out=self.attn, prefetch=self.prefetch[layer])  # fmt: skip
+                                        out=self.attn)  # fmt: skip
             x = self.attn.reshape(-1, H * D) @ w_o.t()
             gate, up = (x @ w_gu.t()).chunk(2, dim=-1)
             x = (F.silu(gate) * up) @ w_down.t()
@@ -120,20 +107,16 @@ def two_streams(chains: list[Chain], streams: list[torch.cuda.Stream]) -> None:
         main.wait_stream(stream)
 
 
-# name -> (halves, two streams, attention programs per SM, plan config, share of the range
-# prefetched: 0 none, 1 all of it, 0.5 its first half)
+# name -> (halves, two streams, attention programs per SM)
 VARIANTS = {
-    "one stream": (False, False, 4, {}, 0),
-    "halves in turn": (True, False, 4, {}, 0),
-    "two streams, 4/SM": (True, True, 4, {}, 0),
-    "two streams, 2/SM": (True, True, 2, {}, 0),
-    "prefetch": (False, False, 4, {}, 1),
-    "prefetch at end": (False, False, 4, {"prefetch": 2}, 1),
-    "prefetch half": (False, False, 4, {}, 0.5),
+    "one stream": (False, False, 4),
+    "halves in turn": (True, False, 4),
+    "two streams, 4/SM": (True, True, 4),
+    "two streams, 2/SM": (True, True, 2),
 }
 
 
-def time_step(names, weights, prefetch, caches, lens: list[int], nb: int, dev):
+def time_step(names, weights, caches, lens: list[int], nb: int, dev):
     """Each named variant's graph replay time (ms) on one step of ``lens``, and its hidden
     states."""
     n, half = len(lens), len(lens) // 2
@@ -142,11 +125,9 @@ def time_step(names, weights, prefetch, caches, lens: list[int], nb: int, dev):
     side = functools.partial(two_streams, streams=[torch.cuda.Stream(), torch.cuda.Stream()])
     times, outputs = [], {}
     for name in names:
-        halves, streams, per_sm, config, share = VARIANTS[name]
-        pulls = [p[: int(len(p) * share)] for p in prefetch] if share else None
+        halves, streams, per_sm = VARIANTS[name]
         rows = [slice(0, half), slice(half, n)] if halves else [slice(0, n)]
-        group = [Chain(weights, caches, lens[r], tables[r], dev, per_sm, config, pulls)
-                 for r in rows]  # fmt: skip
+        group = [Chain(weights, caches, lens[r], tables[r], dev, per_sm) for r in rows]
         fn = functools.partial(side if streams else in_turn, group)
         for chain, r in zip(group, rows):
             chain.x.copy_(x0[r])
@@ -176,7 +157,7 @@ def main() -> None:
     caches = [(torch.randn(nb, PAGE, KVH, D, dtype=BF16, device=dev),
                torch.randn(nb, PAGE, KVH, D, dtype=BF16, device=dev))
               for _ in range(args.caches)]  # fmt: skip
-    weights, prefetch = layer_weights(dev)
+    weights = layer_weights(dev)
     print(f"{torch.cuda.get_device_name(dev)}; {LAYERS} layers of Qwen3-0.6B's decode GEMMs and "
           f"attention per CUDA graph, {args.caches} layers' caches")  # fmt: skip
     print("| step | live | " + " | ".join(f"{n} ms" for n in names) + " | best / one stream |")
@@ -187,7 +168,7 @@ def main() -> None:
         lens = [p + t + 1 for p, o in zip(plens, outs) if o > t]
         if len(lens) < 2:
             break
-        times, outputs = time_step(names, weights, prefetch, caches, lens, nb, dev)
+        times, outputs = time_step(names, weights, caches, lens, nb, dev)
         ref = outputs["one stream"]
         for name, got in outputs.items():  # other row counts or plans: other rounding only
             err = ((got - ref).norm() / ref.norm()).item()

@@ -80,8 +80,6 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        # What the decode attention pulls into L2 for the kernels after it (weight_layout.py).
-        self.l2_prefetch: torch.Tensor | None = None
 
     def forward(
         self,
@@ -105,7 +103,7 @@ class Attention(nn.Module):
         if ctx.is_decode:
             o = ops.paged_attention_decode(
                 q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale,
-                plan=ctx.decode_plan, workspace=ctx.decode_workspace, prefetch=self.l2_prefetch,
+                plan=ctx.decode_plan, workspace=ctx.decode_workspace,
             )  # fmt: skip
         else:
             d = ctx.num_decode_rows

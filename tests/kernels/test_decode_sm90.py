@@ -1,7 +1,6 @@
 """The planned decode attention compiled for sm_90 without a GPU (``scripts/diag_decode_sm90.py
---check``): with or without the L2 prefetch of the next weights, it keeps to 128 registers with
-no stack, so the plan's four programs per multiprocessor still fit, and the prefetch is compiled
-in exactly when asked for. CI has no GPU to run the prefetch; this is the part it can check."""
+--check``): it keeps to 128 registers with no stack, so the plan's four programs per
+multiprocessor fit. CI has no GPU; this is the part of the kernel's occupancy it can check."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_planned_decode_compiles_for_sm90_with_and_without_the_prefetch():
+def test_planned_decode_compiles_for_sm90_in_128_registers():
     if importlib.util.find_spec("triton.backends.nvidia") is None:
         pytest.skip("this Triton has no NVIDIA backend to compile for sm_90")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -25,4 +24,4 @@ def test_planned_decode_compiles_for_sm90_with_and_without_the_prefetch():
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=240,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr[-2000:]
-    assert run.stdout.count(": ok") == 3, run.stdout
+    assert run.stdout.count(": ok") == 1, run.stdout

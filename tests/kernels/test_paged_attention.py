@@ -163,34 +163,3 @@ def test_decode_planned(tops, dtype, device, num_programs, heads, kv_heads, fuse
         )
         assert_close(out[:n], ref, dtype)
         assert torch.equal(out[n:], torch.zeros_like(out[n:]))
-
-
-@pytest.mark.parametrize("fused", [1, 0])
-@pytest.mark.parametrize("mode", [1, 2])
-def test_decode_planned_prefetch_changes_no_bit(tops, dtype, device, mode, fused):
-    """The L2 prefetch of the next weights (before or after the programs' items) is a hint: the
-    same bits out, the prefetched range untouched (the interpreter, which has no inline
-    assembly, skips it)."""
-    from engine_kernels.decode_split import DecodePlan, plan_workspace_numel
-
-    lens_list = DECODE_LENS + [300, 129]
-    heads, kv_heads, head_dim = 8, 2, 64
-    k_cache, v_cache, tables = paged_kv_cache(lens_list, kv_heads, head_dim, 16, dtype, device)
-    plan = DecodePlan(len(lens_list), 7, device)
-    plan.fill(lens_list)
-    plan.device.copy_(plan.host)
-    workspace = torch.empty(plan_workspace_numel(plan.max_items, heads, head_dim), device=device)
-    lens = torch.tensor(lens_list, dtype=torch.int32, device=device)
-    q = torch.randn(len(lens_list), heads, head_dim, dtype=dtype, device=device)
-    weights = torch.randn(3, 1000, 77, dtype=dtype, device=device)  # not whole 128-byte lines
-    before = weights.clone()
-    outs = []
-    for prefetch in (None, weights):
-        out = torch.full_like(q, float("nan"))
-        tops.paged_attention_decode(
-            q, k_cache, v_cache, tables, lens, head_dim**-0.5, out=out, plan=plan,
-            workspace=workspace, config={"fused": fused, "prefetch": mode}, prefetch=prefetch,
-        )  # fmt: skip
-        outs.append(out)
-    assert torch.equal(outs[0], outs[1])
-    assert torch.equal(weights, before)
