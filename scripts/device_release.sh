@@ -11,12 +11,18 @@
 # opted in), then the CUDA kernel tests, the prefill rows, the throughput, the conformance suite,
 # gpu_check, the decode rows and the profile. A second call on the still-warm machine reuses the
 # Triton cache the first one filled. DEADLINE (seconds) shortens the steps' limits so that the
-# last one ends before the device call's own limit. Four steps run only when named: ablation
+# last one ends before the device call's own limit. Six steps run only when named: ablation
 # (scripts/diag_engine_ablation.py, what each kind of kernel costs inside the engine),
 # decode_steps (scripts/diag_decode_workload.py, the decode attention on the workload's steps in
 # CUDA graphs), chain (scripts/diag_decode_chain.py, ways to run the decode step's GEMMs and
 # attention, such as two half-batches on two streams; CHAIN_VARIANTS picks some) and read_rate
-# (scripts/diag_read_rate.py, whether reading alone beats the copy rate).
+# (scripts/diag_read_rate.py, whether reading alone beats the copy rate). decode_steps
+# (DECODE_VARIANTS picks some) also names its fastest variant; decode_ab (after it) then runs
+# LLM with the default decode config and that variant's, alternating, each in a fresh process,
+# and when every run with it beats every run without, the steps after it run with it
+# (REFERENCE_ENGINE_DECODE_CONFIG). A call
+# that starts with resume takes up the decisions (tma_probe's opt-in, decode_ab's config) of the
+# call before it on the same warm machine, so a check too long for one call can go in two.
 # SWEEP=1 also times every candidate prefill configuration (the row's default among them). The
 # throughput step alternates LLM and AsyncLLM twice (THROUGHPUT_ENGINES) and reports the ratio
 # of their medians: one run each is within the run-to-run spread of about 2.6%. A step that
@@ -35,6 +41,13 @@ STEPS="${STEPS:-tma_probe kernel_tests prefill throughput conformance gpu_check 
 
 source scripts/device_step.sh
 
+# What tma_probe and decode_ab decided, for a later call on the same warm machine (step resume).
+DECISIONS=/tmp/release_decisions.sh
+[[ " $STEPS " == *" resume "* ]] || rm -f "$DECISIONS"
+
+# The reference LLM's output tok/s in each benchmarks.gpu_throughput log given, one a line.
+llm_tok_s() { grep -h "^| reference LLM |" "$@" | awk -F'|' '{gsub(/[ ,]/, "", $6); print $6}'; }
+
 for name in $STEPS; do
   case $name in
     prefill) TAIL=12 step prefill 200 python3 -m benchmarks.kernels --only prefill \
@@ -51,14 +64,49 @@ for name in $STEPS; do
     profile) TAIL=40 step profile 150 python3 -m benchmarks.gpu_throughput --engines profile-full ;;
     ablation) TAIL=8 step ablation 200 python3 scripts/diag_engine_ablation.py none \
       decode_attention prefill_attention linear lm_head ;;
-    decode_steps) TAIL=3 step decode_steps 150 python3 scripts/diag_decode_workload.py ;;
+    decode_steps) rm -f /tmp/decode_best.json
+      TAIL=4 step decode_steps 150 python3 scripts/diag_decode_workload.py \
+      --best /tmp/decode_best.json ${DECODE_VARIANTS:+--variants "$DECODE_VARIANTS"} ;;
+    decode_ab) variant=$(cat /tmp/decode_best.json 2>/dev/null || echo "{}")
+      if [ "$variant" = "{}" ]; then
+        echo "== decode_ab: the default was the fastest decode variant (or decode_steps did" \
+          "not run): skipped" | tee -a "$LOG"
+        continue
+      fi
+      round=0
+      rm -f /tmp/decode_ab_*.log  # a warm machine's earlier call left its own
+      for config in "{}" "$variant" "{}" "$variant"; do
+        round=$((round + 1))
+        TAIL=6 step "decode_ab_${round}" 100 env REFERENCE_ENGINE_DECODE_CONFIG="$config" \
+          python3 -m benchmarks.gpu_throughput --engines llm
+      done
+      defaults=$(llm_tok_s /tmp/decode_ab_1.log /tmp/decode_ab_3.log | sort -n)
+      variants=$(llm_tok_s /tmp/decode_ab_2.log /tmp/decode_ab_4.log | sort -n)
+      fastest_default=$(tail -n 1 <<< "$defaults") slowest_variant=$(head -n 1 <<< "$variants")
+      if [ "$(wc -w <<< "$defaults $variants")" = 4 ] \
+          && [ "$slowest_variant" -gt "$fastest_default" ]; then
+        export REFERENCE_ENGINE_DECODE_CONFIG="$variant"
+        echo "export REFERENCE_ENGINE_DECODE_CONFIG='$variant'" >> "$DECISIONS"
+        echo "== decode_ab: $variant won (slowest with it $slowest_variant > fastest without" \
+          "$fastest_default tok/s): the steps after it use it" | tee -a "$LOG"
+      else
+        echo "== decode_ab: $variant did not win (slowest with it ${slowest_variant:-none};" \
+          "fastest without ${fastest_default:-none} tok/s): default kept" | tee -a "$LOG"
+      fi ;;
     chain) TAIL=14 step chain 240 python3 scripts/diag_decode_chain.py \
       ${CHAIN_VARIANTS:+--variants "$CHAIN_VARIANTS"} ;;
     read_rate) TAIL=10 step read_rate 90 python3 scripts/diag_read_rate.py ;;
     tma_probe) TAIL=40 step tma_probe 200 bash scripts/device_tma_probe.sh
       if [ "$STATUS" = 0 ]; then  # its defaults returned right: the steps after it use it
         export ENGINE_KERNELS_TMA_PREFILL=1
+        echo "export ENGINE_KERNELS_TMA_PREFILL=1" >> "$DECISIONS"
         echo "== the TMA prefill kernel's defaults returned right: opted in from here" | tee -a "$LOG"
+      fi ;;
+    resume) if [ -f "$DECISIONS" ]; then
+        source "$DECISIONS"
+        echo "== resume: the earlier call's decisions: $(tr '\n' ';' < "$DECISIONS")" | tee -a "$LOG"
+      else
+        echo "== resume: no earlier call's decisions on this machine" | tee -a "$LOG"
       fi ;;
     *) echo "unknown step $name" | tee -a "$LOG" ;;
   esac

@@ -12,14 +12,21 @@ KV cache layout (``token``: ``[blocks, page, KVH, D]`` contiguous, the engine's 
 ``head``: head-major, its layout on the CPU) and a plan (programs per SM, launch overrides).
 
     python scripts/diag_decode_workload.py [--every 32] [--caches 4] [--pages random]
-        [--variants NAME ...]
+        [--variants "token 4/SM,flat 3/SM"] [--best PATH]
+
+``--best`` writes the fastest token-major variant over the run as the engine's decode config
+(the JSON of ``REFERENCE_ENGINE_DECODE_CONFIG``, its programs per SM included; ``{}`` when the
+default is fastest), for an end-to-end comparison (``scripts/device_release.sh``'s
+``decode_ab``).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import statistics
+from pathlib import Path
 
 import torch
 import triton.testing
@@ -30,12 +37,21 @@ from engine_kernels.decode_split import DecodePlan, plan_workspace_numel
 
 H, KVH, D, PAGE, LAYERS, WIDTH = 16, 8, 128, 16, 28, 256
 
+DEFAULT = "token 4/SM"  # the engine's default on CUDA
 # name -> (layout, programs per SM, plan config)
 VARIANTS = {
-    "token 4/SM": ("token", 4, {}),  # the engine's default on CUDA
+    DEFAULT: ("token", 4, {}),
     "head 4/SM": ("head", 4, {}),
     "token 3/SM": ("token", 3, {}),
     "token 4/SM 32-token tiles": ("token", 4, {"block_n": 32}),
+    # Each chunk's items in one loop over its tiles (the pipeline not drained between items).
+    # Compiled here for sm_90 with the device's Triton 3.6 (scripts/diag_decode_sm90.py):
+    # 64-token tiles take 168 registers (three programs per multiprocessor fit), 16 bytes of
+    # spills under a 128-register cap; 32-token tiles with 3 stages take 122 (the block
+    # table's loads pipelined ahead of the tiles').
+    "flat 4/SM 32-token tiles 3 stages": ("token", 4, {"flat": 1, "block_n": 32, "num_stages": 3}),
+    "flat 4/SM at 128 registers": ("token", 4, {"flat": 1, "maxnreg": 128}),
+    "flat 3/SM": ("token", 3, {"flat": 1}),
 }
 
 
@@ -88,14 +104,19 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=32)
     ap.add_argument("--caches", type=int, default=4, help="distinct layers' caches (<= 28)")
     ap.add_argument("--pages", choices=["random", "sequential"], default="random")
-    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="names, comma-separated")
+    ap.add_argument("--best", type=Path, help="write the fastest variant's engine config here")
     args = ap.parse_args()
+    names = args.variants.split(",")
+    unknown = set(names) - set(VARIANTS)
+    if unknown:
+        ap.error(f"unknown variants {sorted(unknown)}; known: {list(VARIANTS)}")
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     prompts, outs = workload(256)
     plens = [len(p) for p in prompts]
     nb = cache_blocks(plens, outs)
-    layouts = {VARIANTS[name][0] for name in args.variants}
+    layouts = {VARIANTS[name][0] for name in names}
     caches = {"token": [], "head": []}
     for _ in range(args.caches):
         kc = torch.randn(nb, PAGE, KVH, D, dtype=torch.bfloat16, device=dev)
@@ -112,7 +133,6 @@ def main() -> None:
     copy_ms = triton.testing.do_bench(functools.partial(buf[1 << 29 :].copy_, buf[: 1 << 29]))
     bandwidth = 2 * (1 << 29) / copy_ms / 1e6  # GB/s, bytes read + written
     del buf
-    names = args.variants
     plans, wss = {}, {}
     for name in names:
         _, per_sm, config = VARIANTS[name]
@@ -156,6 +176,13 @@ def main() -> None:
               flush=True)  # fmt: skip
     print(f"\nrun estimate: at copy bandwidth {ideal:.2f} s; "
           + "; ".join(f"{k} {v:.2f} s ({ideal / v:.0%})" for k, v in totals.items()))  # fmt: skip
+    if args.best:
+        # The engine's cache on CUDA is token-major.
+        best = min((n for n in totals if VARIANTS[n][0] == "token"), key=totals.get)
+        _, per_sm, config = VARIANTS[best]
+        engine_config = {} if best == DEFAULT else {**config, "per_sm": per_sm}
+        args.best.write_text(json.dumps(engine_config))
+        print(f"fastest: {best} -> REFERENCE_ENGINE_DECODE_CONFIG='{json.dumps(engine_config)}'")
 
 
 if __name__ == "__main__":
