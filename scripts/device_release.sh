@@ -18,11 +18,11 @@
 # attention, such as two half-batches on two streams; CHAIN_VARIANTS picks some) and read_rate
 # (scripts/diag_read_rate.py, whether reading alone beats the copy rate). decode_steps
 # (DECODE_VARIANTS picks some) also names its fastest variant; decode_ab (after it) then runs
-# LLM with the default decode config and that variant's, alternating, each in a fresh process,
-# and when every run with it beats every run without, the steps after it run with it
-# (REFERENCE_ENGINE_DECODE_CONFIG). A call
-# that starts with resume takes up the decisions (tma_probe's opt-in, decode_ab's config) of the
-# call before it on the same warm machine, so a check too long for one call can go in two.
+# LLM with the default decode config and that variant's, alternating (AB_PAIRS pairs, 2), each
+# in a fresh process, and when every run with it beats every run without, the steps after it
+# run with it (REFERENCE_ENGINE_DECODE_CONFIG). A call that starts with resume takes up the
+# decisions (tma_probe's opt-in, decode_ab's config) of the call before it on the same warm
+# machine, so a check too long for one call can go in two.
 # SWEEP=1 also times every candidate prefill configuration (the row's default among them). The
 # throughput step alternates LLM and AsyncLLM twice (THROUGHPUT_ENGINES) and reports the ratio
 # of their medians: one run each is within the run-to-run spread of about 2.6%. A step that
@@ -75,15 +75,19 @@ for name in $STEPS; do
       fi
       round=0
       rm -f /tmp/decode_ab_*.log  # a warm machine's earlier call left its own
-      for config in "{}" "$variant" "{}" "$variant"; do
-        round=$((round + 1))
-        TAIL=6 step "decode_ab_${round}" 100 env REFERENCE_ENGINE_DECODE_CONFIG="$config" \
-          python3 -m benchmarks.gpu_throughput --engines llm
+      for _ in $(seq "${AB_PAIRS:-2}"); do
+        for config in "{}" "$variant"; do
+          round=$((round + 1))
+          TAIL=6 step "decode_ab_${round}" 100 env REFERENCE_ENGINE_DECODE_CONFIG="$config" \
+            python3 -m benchmarks.gpu_throughput --engines llm
+        done
       done
-      defaults=$(llm_tok_s /tmp/decode_ab_1.log /tmp/decode_ab_3.log | sort -n)
-      variants=$(llm_tok_s /tmp/decode_ab_2.log /tmp/decode_ab_4.log | sort -n)
+      defaults=$(llm_tok_s $(seq -f /tmp/decode_ab_%g.log 1 2 "$round") | sort -n)
+      variants=$(llm_tok_s $(seq -f /tmp/decode_ab_%g.log 2 2 "$round") | sort -n)
       fastest_default=$(tail -n 1 <<< "$defaults") slowest_variant=$(head -n 1 <<< "$variants")
-      if [ "$(wc -w <<< "$defaults $variants")" = 4 ] \
+      echo "== decode_ab: LLM tok/s with the default:" $defaults "; with $variant:" $variants \
+        | tee -a "$LOG"
+      if [ "$(wc -w <<< "$defaults $variants")" = "$round" ] \
           && [ "$slowest_variant" -gt "$fastest_default" ]; then
         export REFERENCE_ENGINE_DECODE_CONFIG="$variant"
         echo "export REFERENCE_ENGINE_DECODE_CONFIG='$variant'" >> "$DECISIONS"
