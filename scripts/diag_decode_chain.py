@@ -9,6 +9,10 @@ and the planned decode attention over the step's live context lengths; norms, ro
 store left out, the same in every variant):
 
 - ``one stream``: the whole batch's chain, as the engine runs it today;
+- ``one stream, 3/SM``: the same with the attention planned for 3 programs per SM, not 4 (in
+  ``diag_decode_workload.py`` 4 per SM lost 5 to 17% at the steps where every program had work,
+  2026-12-07 15:09; does it here, where the attention follows a cuBLAS GEMM, which does not
+  let it launch early?);
 - ``halves in turn``: the batch cut in two halves whose chains run one after the other on one
   stream (what splitting costs without any overlap);
 - ``two streams, N/SM``: each half's chain on its own stream, its attention planned for N
@@ -110,6 +114,7 @@ def two_streams(chains: list[Chain], streams: list[torch.cuda.Stream]) -> None:
 # name -> (halves, two streams, attention programs per SM)
 VARIANTS = {
     "one stream": (False, False, 4),
+    "one stream, 3/SM": (False, False, 3),
     "halves in turn": (True, False, 4),
     "two streams, 4/SM": (True, True, 4),
     "two streams, 2/SM": (True, True, 2),
