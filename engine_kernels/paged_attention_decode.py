@@ -27,6 +27,37 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _attend_tile(
+    q, k_base, v_base, bt_row, n0, end, m_i, l_i, acc, scale_log2,
+    stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
+    PAGE: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One online-softmax step over the context tokens ``[n0, n0 + BLOCK_N)`` below ``end``
+    (``bt_row``: the sequence's block table row; ``k_base``, ``v_base``: the KV head's caches):
+    the running output, max and sum (fp32, base 2) updated from ``m_i``, ``l_i``, ``acc``."""
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < end
+    page = tl.load(bt_row + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+    tok = (offs_n % PAGE).to(tl.int64)
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k_off = page[:, None] * stride_k_blk + tok[:, None] * stride_k_tok + offs_d[None, :]
+    v_off = page[:, None] * stride_v_blk + tok[:, None] * stride_v_tok + offs_d[None, :]
+    k = tl.load(k_base + k_off, mask=kv_mask, other=0.0)
+    v = tl.load(v_base + v_off, mask=kv_mask, other=0.0)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    qk = tl.where(n_mask[None, :], qk * scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _attend_range(
     q, k_ptr, v_ptr, bt_row, kvh, start, end, scale_log2,
     stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
@@ -35,31 +66,17 @@ def _attend_range(
 ):  # fmt: skip
     """Online softmax of one KV head's context tokens ``[start, end)`` for the query rows ``q``:
     the unnormalized output, the running max and the running sum (all fp32, base 2)."""
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
     m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     k_base = k_ptr + kvh * stride_k_h
     v_base = v_ptr + kvh * stride_v_h
     for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        page = tl.load(bt_row + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
-        tok = (offs_n % PAGE).to(tl.int64)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k_off = page[:, None] * stride_k_blk + tok[:, None] * stride_k_tok + offs_d[None, :]
-        v_off = page[:, None] * stride_v_blk + tok[:, None] * stride_v_tok + offs_d[None, :]
-        k = tl.load(k_base + k_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_base + v_off, mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        qk = tl.where(n_mask[None, :], qk * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+        acc, m_i, l_i = _attend_tile(
+            q, k_base, v_base, bt_row, n0, end, m_i, l_i, acc, scale_log2,
+            stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
+            PAGE, BLOCK_D, HEAD_DIM, BLOCK_N, DOT_PRECISION,
+        )  # fmt: skip
     return acc, m_i, l_i
 
 
@@ -180,23 +197,18 @@ def _attend_chunk_flat(
     q_ptr, k_ptr, v_ptr, part_o_ptr, part_lse_ptr, bt_ptr, plan_ptr, seq_lens_ptr, scale_log2,
     stride_qb, stride_qh,
     stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, stride_bt,
-    num_heads, kvh, first, last, num_tiles, o_item_seq, o_item_u0, o_item_u1,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, UNIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    num_heads, kvh, heads, offs_d, g_mask, out_mask, first, last, num_tiles,
+    o_item_seq, o_item_u0, o_item_u1,
+    BLOCK_G: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, UNIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """A chunk's items ``first..last`` as one loop over its ``num_tiles`` tiles, so that the
     software pipeline runs on from one item into the next instead of draining and refilling
     at each item (what the per-item loop of ``_attend_range`` does). Every item after a
     chunk's first starts at its sequence's first token; a tile past its sequence's end (when
     ``BLOCK_N < UNIT``) is masked out and changes nothing. Each item's partial result goes to
-    its workspace row as in the per-item loop, with the same arithmetic."""
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    g_mask = offs_g < GROUP
-    d_mask = offs_d < HEAD_DIM
-    heads = kvh * GROUP + offs_g
-    out_mask = g_mask[:, None] & d_mask[None, :]
+    its workspace row as in the per-item loop, with the same arithmetic. ``heads``, ``offs_d``
+    and the masks: the program's query heads and head dimensions, as the caller has them."""
     k_base = k_ptr + kvh * stride_k_h
     v_base = v_ptr + kvh * stride_v_h
     m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
@@ -211,27 +223,15 @@ def _attend_chunk_flat(
         end = tl.minimum(unit_end, tl.load(seq_lens_ptr + b))
         q_off = b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
         q = tl.load(q_ptr + q_off, mask=out_mask, other=0.0)
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        page = tl.load(bt_ptr + b * stride_bt + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
-        tok = (offs_n % PAGE).to(tl.int64)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k_off = page[:, None] * stride_k_blk + tok[:, None] * stride_k_tok + offs_d[None, :]
-        v_off = page[:, None] * stride_v_blk + tok[:, None] * stride_v_tok + offs_d[None, :]
-        k = tl.load(k_base + k_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_base + v_off, mask=kv_mask, other=0.0)
         # An item's first tile starts from the empty state (-1e30, 0, and acc * 0, as acc is
         # finite): the same values the per-item loop starts from.
         m_prev = tl.where(is_first, -1.0e30, m_i)
         l_prev = tl.where(is_first, 0.0, l_i)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        qk = tl.where(n_mask[None, :], qk * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_prev, tl.max(qk, axis=1))
-        alpha = tl.exp2(m_prev - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_prev * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+        acc, m_i, l_i = _attend_tile(
+            q, k_base, v_base, bt_ptr + b * stride_bt, n0, end, m_prev, l_prev, acc, scale_log2,
+            stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
+            PAGE, BLOCK_D, HEAD_DIM, BLOCK_N, DOT_PRECISION,
+        )  # fmt: skip
         is_last = n0 + BLOCK_N >= unit_end
         if is_last:
             has = l_i > 0
@@ -272,6 +272,12 @@ def _decode_planned_kernel(
     kvh = tl.program_id(1)
     first = tl.load(plan_ptr + p)
     last = tl.load(plan_ptr + p + 1)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kvh * GROUP + offs_g
+    out_mask = g_mask[:, None] & d_mask[None, :]
     if FLAT:
         chunk = tl.load(plan_ptr + o_chunk)
         units = tl.minimum(tl.maximum(tl.load(plan_ptr + o_chunk + 1) - p * chunk, 0), chunk)
@@ -279,17 +285,11 @@ def _decode_planned_kernel(
             q_ptr, k_ptr, v_ptr, part_o_ptr, part_lse_ptr, bt_ptr, plan_ptr, seq_lens_ptr,
             scale_log2, stride_qb, stride_qh,
             stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
-            stride_bt, num_heads, kvh, first, last, units * (UNIT // BLOCK_N),
-            o_item_seq, o_item_u0, o_item_u1,
-            GROUP, BLOCK_G, PAGE, HEAD_DIM, BLOCK_D, BLOCK_N, UNIT, DOT_PRECISION,
+            stride_bt, num_heads, kvh, heads, offs_d, g_mask, out_mask,
+            first, last, units * (UNIT // BLOCK_N), o_item_seq, o_item_u0, o_item_u1,
+            BLOCK_G, PAGE, HEAD_DIM, BLOCK_D, BLOCK_N, UNIT, DOT_PRECISION,
         )  # fmt: skip
         return
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    g_mask = offs_g < GROUP
-    d_mask = offs_d < HEAD_DIM
-    heads = kvh * GROUP + offs_g
-    out_mask = g_mask[:, None] & d_mask[None, :]
     for item in range(first, last):
         b = tl.load(plan_ptr + o_item_seq + item).to(tl.int64)
         seq_len = tl.load(seq_lens_ptr + b)
