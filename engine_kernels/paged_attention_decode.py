@@ -81,6 +81,16 @@ def _attend_range(
 
 
 @triton.jit
+def _store_partial(part_o_ptr, part_lse_ptr, row, out, has, m_i, l_i, offs_d, out_mask, g_mask,
+                   HEAD_DIM: tl.constexpr):  # fmt: skip
+    """A range's partial result in workspace rows ``row``: its normalized output ``out`` and
+    log-sum-exp (base 2; ``-inf`` where the range was empty, ``has`` false)."""
+    tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    tl.store(part_lse_ptr + row, lse, mask=g_mask)
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, seq_lens_ptr, scale_log2,
     stride_qb, stride_qh, stride_ob, stride_oh,
@@ -123,9 +133,8 @@ def _decode_split_kernel(
     else:
         # part_o is [B, H, S, D] and part_lse [B, H, S].
         row = (b * num_heads + heads) * NUM_SPLITS + split
-        tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
-        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-        tl.store(part_lse_ptr + row, lse, mask=g_mask)
+        _store_partial(part_o_ptr, part_lse_ptr, row, out, has, m_i, l_i, offs_d, out_mask,
+                       g_mask, HEAD_DIM)  # fmt: skip
 
 
 @triton.jit
@@ -237,9 +246,8 @@ def _attend_chunk_flat(
             has = l_i > 0
             out = acc / tl.where(has, l_i, 1.0)[:, None]
             row = item * num_heads + heads  # part_o [M, H, D], part_lse [M, H]
-            tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
-            lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-            tl.store(part_lse_ptr + row, lse, mask=g_mask)
+            _store_partial(part_o_ptr, part_lse_ptr, row, out, has, m_i, l_i, offs_d, out_mask,
+                           g_mask, HEAD_DIM)  # fmt: skip
         item = tl.where(is_last, item + 1, item)
         n0 = tl.where(is_last, 0, n0 + BLOCK_N)
         is_first = is_last
@@ -311,9 +319,8 @@ def _decode_planned_kernel(
             tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=out_mask)
         else:
             row = item * num_heads + heads  # part_o [M, H, D], part_lse [M, H]
-            tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=out_mask)
-            lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-            tl.store(part_lse_ptr + row, lse, mask=g_mask)
+            _store_partial(part_o_ptr, part_lse_ptr, row, out, has, m_i, l_i, offs_d, out_mask,
+                           g_mask, HEAD_DIM)  # fmt: skip
             if FUSED:
                 # Release our partial, acquire everyone else's: the last of the sequence's
                 # (items x KV heads) programs to arrive sees all of them.
