@@ -63,15 +63,16 @@ PLAN_PROGRAMS_PER_SM = 4
 
 
 def default_plan_programs(
-    num_kv_heads: int, device: torch.device, per_sm: int | None = None
+    num_kv_heads: int, device: torch.device, per_sm: int | None = None, spare: int = 0
 ) -> int:
     """Chunks per KV head: about four programs per multiprocessor in all, so that the hardware's
     block scheduler balances what static chunking leaves over. On the H200, over the steps of
     the throughput workload, four beat eight and sixteen (fewer items to reduce, and fewer
-    pipelines to fill; scripts/diag_decode_workload.py)."""
+    pipelines to fill; scripts/diag_decode_workload.py). ``spare``: that many chunks a KV head
+    fewer, leaving slots free (for comparisons)."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
     per_sm = PLAN_PROGRAMS_PER_SM if per_sm is None else per_sm
-    return max(1, per_sm * sms // max(num_kv_heads, 1))
+    return max(1, per_sm * sms // max(num_kv_heads, 1) - spare)
 
 
 class DecodePlan:

@@ -23,8 +23,9 @@ from reference_engine.models import CausalLM, ForwardContext
 # REFERENCE_ENGINE_DECODE_PLAN=0 (for comparisons): the split decode sized from the block
 # table's capacity instead of a DecodePlan.
 USE_PLAN = os.environ.get("REFERENCE_ENGINE_DECODE_PLAN", "1") == "1"
-# For comparisons: the planned kernel's launch options ({"fused": 0, "num_stages": 3, ...}) and
-# its programs per multiprocessor, instead of the defaults.
+# For comparisons: the planned kernel's launch options ({"fused": 0, "num_stages": 3, ...}), its
+# programs per multiprocessor ("per_sm") and chunks a KV head left out ("spare"), instead of the
+# defaults.
 PLAN_CONFIG = json.loads(os.environ.get("REFERENCE_ENGINE_DECODE_CONFIG", "{}"))
 LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
@@ -49,8 +50,8 @@ class DecodeGraphs:
         self.seq_lens = torch.ones(max_batch, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=dev)
         plan_cfg = dict(PLAN_CONFIG)
-        per_sm = plan_cfg.pop("per_sm", None)
-        programs = default_plan_programs(cfg.num_kv_heads, dev, per_sm)
+        per_sm, spare = plan_cfg.pop("per_sm", None), plan_cfg.pop("spare", 0)
+        programs = default_plan_programs(cfg.num_kv_heads, dev, per_sm, spare)
         self.plan = DecodePlan(max_batch, programs, dev, plan_cfg)
         self.workspace = torch.empty(
             plan_workspace_numel(self.plan.max_items, cfg.num_heads, cfg.head_dim),

@@ -20,9 +20,10 @@
 # (DECODE_VARIANTS picks some) also names its fastest variant; decode_ab (after it) then runs
 # LLM with the default decode config and that variant's, alternating (AB_PAIRS pairs, 2), each
 # in a fresh process, and when every run with it beats every run without, the steps after it
-# run with it (REFERENCE_ENGINE_DECODE_CONFIG). A call that starts with resume takes up the
-# decisions (tma_probe's opt-in, decode_ab's config) of the call before it on the same warm
-# machine, so a check too long for one call can go in two.
+# run with it (REFERENCE_ENGINE_DECODE_CONFIG). env_ab does the same for each VAR=VALUE of
+# AB_ENVS (space-separated), in turn. A call that starts with resume takes up the decisions
+# (tma_probe's opt-in, the A/B steps' winners) of the call before it on the same warm machine,
+# so a check too long for one call can go in two.
 # SWEEP=1 also times every candidate prefill configuration (the row's default among them). The
 # throughput step alternates LLM and AsyncLLM twice (THROUGHPUT_ENGINES) and reports the ratio
 # of their medians: one run each is within the run-to-run spread of about 2.6%. A step that
@@ -41,12 +42,42 @@ STEPS="${STEPS:-tma_probe kernel_tests prefill throughput conformance gpu_check 
 
 source scripts/device_step.sh
 
-# What tma_probe and decode_ab decided, for a later call on the same warm machine (step resume).
+# What tma_probe and the A/B steps decided, for a later call on the same warm machine (resume).
 DECISIONS=/tmp/release_decisions.sh
 [[ " $STEPS " == *" resume "* ]] || rm -f "$DECISIONS"
 
 # The reference LLM's output tok/s in each benchmarks.gpu_throughput log given, one a line.
 llm_tok_s() { grep -h "^| reference LLM |" "$@" | awk -F'|' '{gsub(/[ ,]/, "", $6); print $6}'; }
+
+# ab LABEL VAR=VALUE: LLM without and with VAR=VALUE, alternating (AB_PAIRS pairs, 2), each in
+# a fresh process; when every run with it beats every run without, the steps after it run with
+# it (and a resumed call too).
+ab() {
+  local label=$1 assignment=$2 round=0
+  rm -f /tmp/"${label}"_*.log  # a warm machine's earlier call left its own
+  for _ in $(seq "${AB_PAIRS:-2}"); do
+    for with in "" "$assignment"; do
+      round=$((round + 1))
+      TAIL=6 step "${label}_${round}" 100 env ${with:+"$with"} \
+        python3 -m benchmarks.gpu_throughput --engines llm
+    done
+  done
+  local without with_it fastest_without slowest_with
+  without=$(llm_tok_s $(seq -f "/tmp/${label}_%g.log" 1 2 "$round") | sort -n)
+  with_it=$(llm_tok_s $(seq -f "/tmp/${label}_%g.log" 2 2 "$round") | sort -n)
+  fastest_without=$(tail -n 1 <<< "$without") slowest_with=$(head -n 1 <<< "$with_it")
+  echo "== $label: LLM tok/s without:" $without "; with $assignment:" $with_it | tee -a "$LOG"
+  if [ "$(wc -w <<< "$without $with_it")" = "$round" ] \
+      && [ "$slowest_with" -gt "$fastest_without" ]; then
+    export "${assignment?}"
+    echo "export '$assignment'" >> "$DECISIONS"
+    echo "== $label: $assignment won (slowest with it $slowest_with > fastest without" \
+      "$fastest_without tok/s): the steps after it use it" | tee -a "$LOG"
+  else
+    echo "== $label: $assignment did not win (slowest with it ${slowest_with:-none};" \
+      "fastest without ${fastest_without:-none} tok/s): kept without" | tee -a "$LOG"
+  fi
+}
 
 for name in $STEPS; do
   case $name in
@@ -73,30 +104,8 @@ for name in $STEPS; do
           "not run): skipped" | tee -a "$LOG"
         continue
       fi
-      round=0
-      rm -f /tmp/decode_ab_*.log  # a warm machine's earlier call left its own
-      for _ in $(seq "${AB_PAIRS:-2}"); do
-        for config in "{}" "$variant"; do
-          round=$((round + 1))
-          TAIL=6 step "decode_ab_${round}" 100 env REFERENCE_ENGINE_DECODE_CONFIG="$config" \
-            python3 -m benchmarks.gpu_throughput --engines llm
-        done
-      done
-      defaults=$(llm_tok_s $(seq -f /tmp/decode_ab_%g.log 1 2 "$round") | sort -n)
-      variants=$(llm_tok_s $(seq -f /tmp/decode_ab_%g.log 2 2 "$round") | sort -n)
-      fastest_default=$(tail -n 1 <<< "$defaults") slowest_variant=$(head -n 1 <<< "$variants")
-      echo "== decode_ab: LLM tok/s with the default:" $defaults "; with $variant:" $variants \
-        | tee -a "$LOG"
-      if [ "$(wc -w <<< "$defaults $variants")" = "$round" ] \
-          && [ "$slowest_variant" -gt "$fastest_default" ]; then
-        export REFERENCE_ENGINE_DECODE_CONFIG="$variant"
-        echo "export REFERENCE_ENGINE_DECODE_CONFIG='$variant'" >> "$DECISIONS"
-        echo "== decode_ab: $variant won (slowest with it $slowest_variant > fastest without" \
-          "$fastest_default tok/s): the steps after it use it" | tee -a "$LOG"
-      else
-        echo "== decode_ab: $variant did not win (slowest with it ${slowest_variant:-none};" \
-          "fastest without ${fastest_default:-none} tok/s): default kept" | tee -a "$LOG"
-      fi ;;
+      ab decode_ab "REFERENCE_ENGINE_DECODE_CONFIG=$variant" ;;
+    env_ab) for assignment in ${AB_ENVS:-}; do ab "env_ab_${assignment%%=*}" "$assignment"; done ;;
     chain) TAIL=14 step chain 240 python3 scripts/diag_decode_chain.py \
       ${CHAIN_VARIANTS:+--variants "$CHAIN_VARIANTS"} ;;
     read_rate) TAIL=10 step read_rate 90 python3 scripts/diag_read_rate.py ;;

@@ -9,20 +9,21 @@ and the planned decode attention over the step's live context lengths; norms, ro
 store left out, the same in every variant):
 
 - ``one stream``: the whole batch's chain, as the engine runs it today;
-- ``one stream, 3/SM``: the same with the attention planned for 3 programs per SM, not 4 (in
+- ``one stream 3/SM``: the same with the attention planned for 3 programs per SM, not 4 (in
   ``diag_decode_workload.py`` 4 per SM lost 5 to 17% at the steps where every program had work,
   2026-12-07 15:09; does it here, where the attention follows a cuBLAS GEMM, which does not
-  let it launch early?);
+  let it launch early? End to end, 3 per SM lost 3%, 16:29);
+- ``one stream spare 1``: 4 per SM with one chunk a KV head fewer, some slots left free;
 - ``halves in turn``: the batch cut in two halves whose chains run one after the other on one
   stream (what splitting costs without any overlap);
-- ``two streams, N/SM``: each half's chain on its own stream, its attention planned for N
+- ``two streams N/SM``: each half's chain on its own stream, its attention planned for N
   programs per SM (4: the engine's default, both halves contending; 2: half each): would one
   half's attention fill the SMs that the other half's GEMMs leave idle?
 
 Two streams lost at every step (H100, 2026-12-07 00:25), and so did the attention prefetching
 the layer's next weights into L2 (13:16; removed after it): docs/performance.md.
 
-    python scripts/diag_decode_chain.py [--every 128] [--variants "one stream,two streams, 4/SM"]
+    python scripts/diag_decode_chain.py [--every 128] [--variants "one stream,two streams 4/SM"]
 
 Each row also checks that every variant's hidden states are within rounding of one stream's
 (cuBLAS may pick other tiles for another row count, and another plan cuts the attention
@@ -43,7 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpu_throughput import workload  # noqa: E402
 from engine_kernels import triton_ops as tops  # noqa: E402
-from engine_kernels.decode_split import DecodePlan, plan_workspace_numel  # noqa: E402
+from engine_kernels.decode_split import (  # noqa: E402
+    DecodePlan,
+    default_plan_programs,
+    plan_workspace_numel,
+)
 from scripts.diag_decode_workload import (  # noqa: E402
     KVH,
     LAYERS,
@@ -69,12 +74,13 @@ def layer_weights(dev) -> list[tuple[torch.Tensor, ...]]:
 class Chain:
     """One batch's 28-layer decode chain over fixed buffers (a graph replays it)."""
 
-    def __init__(self, weights, caches, lens: list[int], tables, dev, per_sm: int = 4) -> None:
+    def __init__(
+        self, weights, caches, lens: list[int], tables, dev, per_sm: int = 4, spare: int = 0
+    ) -> None:
         n = len(lens)
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
         self.weights, self.caches, self.tables = weights, caches, tables
         self.seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
-        self.plan = DecodePlan(n, per_sm * sms // KVH, dev)
+        self.plan = DecodePlan(n, default_plan_programs(KVH, dev, per_sm, spare), dev)
         self.plan.fill(lens)
         self.plan.device.copy_(self.plan.host)
         self.workspace = torch.empty(plan_workspace_numel(self.plan.max_items, H, D), device=dev)
@@ -111,14 +117,17 @@ def two_streams(chains: list[Chain], streams: list[torch.cuda.Stream]) -> None:
         main.wait_stream(stream)
 
 
-# name -> (halves, two streams, attention programs per SM)
+# name -> (halves, two streams, attention programs per SM, chunks a KV head left out); names
+# have no commas, --variants being comma-separated
 VARIANTS = {
-    "one stream": (False, False, 4),
-    "one stream, 3/SM": (False, False, 3),
-    "halves in turn": (True, False, 4),
-    "two streams, 4/SM": (True, True, 4),
-    "two streams, 2/SM": (True, True, 2),
+    "one stream": (False, False, 4, 0),
+    "one stream 3/SM": (False, False, 3, 0),
+    "one stream spare 1": (False, False, 4, 1),
+    "halves in turn": (True, False, 4, 0),
+    "two streams 4/SM": (True, True, 4, 0),
+    "two streams 2/SM": (True, True, 2, 0),
 }
+assert not any("," in name for name in VARIANTS)
 
 
 def time_step(names, weights, caches, lens: list[int], nb: int, dev):
@@ -130,9 +139,9 @@ def time_step(names, weights, caches, lens: list[int], nb: int, dev):
     side = functools.partial(two_streams, streams=[torch.cuda.Stream(), torch.cuda.Stream()])
     times, outputs = [], {}
     for name in names:
-        halves, streams, per_sm = VARIANTS[name]
+        halves, streams, per_sm, spare = VARIANTS[name]
         rows = [slice(0, half), slice(half, n)] if halves else [slice(0, n)]
-        group = [Chain(weights, caches, lens[r], tables[r], dev, per_sm) for r in rows]
+        group = [Chain(weights, caches, lens[r], tables[r], dev, per_sm, spare) for r in rows]
         fn = functools.partial(side if streams else in_turn, group)
         for chain, r in zip(group, rows):
             chain.x.copy_(x0[r])

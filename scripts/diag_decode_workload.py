@@ -9,7 +9,8 @@ the previous one's context in L2; 28: every layer its own, as in the engine, who
 spans tens of GB); the graph's replay time (median of 5) is the step's. ``--pages random``
 places each page at random, ``sequential`` gives each sequence a contiguous run. A variant is a
 KV cache layout (``token``: ``[blocks, page, KVH, D]`` contiguous, the engine's on CUDA;
-``head``: head-major, its layout on the CPU) and a plan (programs per SM, launch overrides).
+``head``: head-major, its layout on the CPU) and a plan (programs per SM, chunks a KV head left
+out, launch overrides). Names have no commas: ``--variants`` is comma-separated.
 
     python scripts/diag_decode_workload.py [--every 32] [--caches 4] [--pages random]
         [--variants "token 4/SM,flat 3/SM"] [--best PATH]
@@ -33,7 +34,7 @@ import triton.testing
 
 from benchmarks.gpu_throughput import workload
 from engine_kernels import triton_ops as tops
-from engine_kernels.decode_split import DecodePlan, plan_workspace_numel
+from engine_kernels.decode_split import DecodePlan, default_plan_programs, plan_workspace_numel
 
 H, KVH, D, PAGE, LAYERS, WIDTH = 16, 8, 128, 16, 28, 256
 
@@ -43,6 +44,9 @@ VARIANTS = {
     DEFAULT: ("token", 4, {}),
     "head 4/SM": ("head", 4, {}),
     "token 3/SM": ("token", 3, {}),
+    # One chunk a KV head fewer than 4/SM fills (65 x 8 programs for 4 x 132 slots on an H100):
+    # 4/SM lost 5 to 17% at the steps where all 66 chunks carried work (2026-12-07 15:09).
+    "token 4/SM spare 1": ("token", 4, {"spare": 1}),
     "token 4/SM 32-token tiles": ("token", 4, {"block_n": 32}),
     # Each chunk's items in one loop over its tiles (the pipeline not drained between items).
     # Compiled here for sm_90 with the device's Triton 3.6 (scripts/diag_decode_sm90.py):
@@ -53,6 +57,7 @@ VARIANTS = {
     "flat 4/SM at 128 registers": ("token", 4, {"flat": 1, "maxnreg": 128}),
     "flat 3/SM": ("token", 3, {"flat": 1}),
 }
+assert not any("," in name for name in VARIANTS)
 
 
 def graph_ms(fn, replays: int = 5) -> float:
@@ -112,7 +117,6 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown variants {sorted(unknown)}; known: {list(VARIANTS)}")
     dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
     prompts, outs = workload(256)
     plens = [len(p) for p in prompts]
     nb = cache_blocks(plens, outs)
@@ -136,7 +140,9 @@ def main() -> None:
     plans, wss = {}, {}
     for name in names:
         _, per_sm, config = VARIANTS[name]
-        plans[name] = DecodePlan(256, per_sm * sms // KVH, dev, dict(config))
+        launch = {k: v for k, v in config.items() if k != "spare"}
+        programs = default_plan_programs(KVH, dev, per_sm, config.get("spare", 0))
+        plans[name] = DecodePlan(256, programs, dev, launch)
         wss[name] = torch.empty(plan_workspace_numel(plans[name].max_items, H, D), device=dev)
     print(f"{torch.cuda.get_device_name(dev)}; copy {bandwidth:,.0f} GB/s; {nb} blocks x "
           f"{args.caches} layers' caches, {args.pages} pages; one step's {LAYERS} layers in a "
