@@ -79,11 +79,9 @@ class DecodePlan:
     """Host and device buffers of a plan for up to ``max_batch`` sequences and a grid of
     ``num_programs`` chunks. Layout of the int32 buffer (``M = max_batch + num_programs``, the
     most items a plan can have): ``prog_start[P + 1] | seq_start[max_batch + 1] | item_seq[M] |
-    item_u0[M] | item_u1[M] | done[max_batch] | chunk | total``. ``done`` counts, per
-    sequence, the programs that have written a partial result (the fused reduction's
-    rendezvous); ``fill`` zeroes it and the program that merges a sequence sets it back to
-    zero. ``chunk`` is the units of every chunk but the last, ``total`` those of the plan (so
-    chunk ``p`` has ``min(max(total - p * chunk, 0), chunk)``)."""
+    item_u0[M] | item_u1[M] | done[max_batch]``. ``done`` counts, per sequence, the programs
+    that have written a partial result (the fused reduction's rendezvous); ``fill`` zeroes it
+    and the program that merges a sequence sets it back to zero."""
 
     def __init__(
         self,
@@ -96,7 +94,7 @@ class DecodePlan:
         self.max_batch = max_batch
         self.num_programs = num_programs
         self.max_items = max_batch + num_programs
-        self.numel = num_programs + 1 + max_batch + 1 + 3 * self.max_items + max_batch + 2
+        self.numel = num_programs + 1 + max_batch + 1 + 3 * self.max_items + max_batch
         device = torch.device(device)
         pin = device.type == "cuda"
         self.host = torch.zeros(self.numel, dtype=torch.int32, pin_memory=pin)
@@ -112,11 +110,6 @@ class DecodePlan:
     def done_offset(self) -> int:
         """Start of the per-sequence ``done`` counters in the buffer."""
         return self.num_programs + self.max_batch + 2 + 3 * self.max_items
-
-    @property
-    def chunk_offset(self) -> int:
-        """Where the plan's chunk size and total, in units, are in the buffer."""
-        return self.done_offset + self.max_batch
 
     def fill(self, seq_lens: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Writes the plan for ``seq_lens`` (host integers, at most ``max_batch``) into ``out``
@@ -150,7 +143,6 @@ class DecodePlan:
         seq_start[: n + 1] = np.searchsorted(starts, seq_edges, side="left")
         seq_start[n + 1 :] = m
         out[self.done_offset : self.done_offset + self.max_batch] = 0
-        out[self.chunk_offset : self.chunk_offset + 2] = chunk, total
         return out
 
 

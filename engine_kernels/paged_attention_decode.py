@@ -202,67 +202,15 @@ def _merge_items(
 
 
 @triton.jit
-def _attend_chunk_flat(
-    q_ptr, k_ptr, v_ptr, part_o_ptr, part_lse_ptr, bt_ptr, plan_ptr, seq_lens_ptr, scale_log2,
-    stride_qb, stride_qh,
-    stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, stride_bt,
-    num_heads, kvh, heads, offs_d, g_mask, out_mask, first, last, num_tiles,
-    o_item_seq, o_item_u0, o_item_u1,
-    BLOCK_G: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, UNIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
-    """A chunk's items ``first..last`` as one loop over its ``num_tiles`` tiles, so that the
-    software pipeline runs on from one item into the next instead of draining and refilling
-    at each item (what the per-item loop of ``_attend_range`` does). Every item after a
-    chunk's first starts at its sequence's first token; a tile past its sequence's end (when
-    ``BLOCK_N < UNIT``) is masked out and changes nothing. Each item's partial result goes to
-    its workspace row as in the per-item loop, with the same arithmetic. ``heads``, ``offs_d``
-    and the masks: the program's query heads and head dimensions, as the caller has them."""
-    k_base = k_ptr + kvh * stride_k_h
-    v_base = v_ptr + kvh * stride_v_h
-    m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    item = first
-    n0 = tl.load(plan_ptr + o_item_u0 + first, mask=first < last, other=0) * UNIT
-    is_first = True
-    for _ in range(0, num_tiles):
-        b = tl.load(plan_ptr + o_item_seq + item).to(tl.int64)
-        unit_end = tl.load(plan_ptr + o_item_u1 + item) * UNIT
-        end = tl.minimum(unit_end, tl.load(seq_lens_ptr + b))
-        q_off = b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
-        q = tl.load(q_ptr + q_off, mask=out_mask, other=0.0)
-        # An item's first tile starts from the empty state (-1e30, 0, and acc * 0, as acc is
-        # finite): the same values the per-item loop starts from.
-        m_prev = tl.where(is_first, -1.0e30, m_i)
-        l_prev = tl.where(is_first, 0.0, l_i)
-        acc, m_i, l_i = _attend_tile(
-            q, k_base, v_base, bt_ptr + b * stride_bt, n0, end, m_prev, l_prev, acc, scale_log2,
-            stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
-            PAGE, BLOCK_D, HEAD_DIM, BLOCK_N, DOT_PRECISION,
-        )  # fmt: skip
-        is_last = n0 + BLOCK_N >= unit_end
-        if is_last:
-            has = l_i > 0
-            out = acc / tl.where(has, l_i, 1.0)[:, None]
-            row = item * num_heads + heads  # part_o [M, H, D], part_lse [M, H]
-            _store_partial(part_o_ptr, part_lse_ptr, row, out, has, m_i, l_i, offs_d, out_mask,
-                           g_mask, HEAD_DIM)  # fmt: skip
-        item = tl.where(is_last, item + 1, item)
-        n0 = tl.where(is_last, 0, n0 + BLOCK_N)
-        is_first = is_last
-
-
-@triton.jit
 def _decode_planned_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, plan_ptr, scale_log2,
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h, stride_bt,
     num_heads, num_kv_heads, batch, o_seq_start, o_item_seq, o_item_u0, o_item_u1, o_done,
-    seq_lens_ptr, o_chunk,
+    seq_lens_ptr,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, UNIT: tl.constexpr, BLOCK_H: tl.constexpr,
-    FUSED: tl.constexpr, FLAT: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    FUSED: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Program ``(p, kvh)`` runs the items of chunk ``p`` of a ``DecodePlan``: each item is a
     range of one sequence's context; its partial result goes to row ``item`` of the workspace.
@@ -271,10 +219,7 @@ def _decode_planned_kernel(
     once; otherwise each program counts its partial in the plan's ``done[b]`` (an acq_rel
     atomic), and the one that completes the count merges all of ``b``'s partials and resets
     the counter. Sequences without items (empty, or padding rows up to ``batch``) get zeros.
-    Without ``FUSED`` the reduce kernel below does the merge in a second launch.
-
-    ``FLAT`` (without ``FUSED``): the chunk's items run as one loop over its tiles
-    (``_attend_chunk_flat``), its length from the plan's chunk size."""
+    Without ``FUSED`` the reduce kernel below does the merge in a second launch."""
     wait_for_prior_kernel(PDL)
     p = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -286,18 +231,6 @@ def _decode_planned_kernel(
     d_mask = offs_d < HEAD_DIM
     heads = kvh * GROUP + offs_g
     out_mask = g_mask[:, None] & d_mask[None, :]
-    if FLAT:
-        chunk = tl.load(plan_ptr + o_chunk)
-        units = tl.minimum(tl.maximum(tl.load(plan_ptr + o_chunk + 1) - p * chunk, 0), chunk)
-        _attend_chunk_flat(
-            q_ptr, k_ptr, v_ptr, part_o_ptr, part_lse_ptr, bt_ptr, plan_ptr, seq_lens_ptr,
-            scale_log2, stride_qb, stride_qh,
-            stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
-            stride_bt, num_heads, kvh, heads, offs_d, g_mask, out_mask,
-            first, last, units * (UNIT // BLOCK_N), o_item_seq, o_item_u0, o_item_u1,
-            BLOCK_G, PAGE, HEAD_DIM, BLOCK_D, BLOCK_N, UNIT, DOT_PRECISION,
-        )  # fmt: skip
-        return
     for item in range(first, last):
         b = tl.load(plan_ptr + o_item_seq + item).to(tl.int64)
         seq_len = tl.load(seq_lens_ptr + b)
@@ -451,18 +384,15 @@ def _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace
     block_d = max(triton.next_power_of_2(head_dim), 16)
     block_h = triton.next_power_of_2(num_heads)
     fused = bool(cfg.get("fused", 0))
-    flat = bool(cfg.get("flat", 0))
-    assert not (fused and flat), "the flat loop leaves the merge to the reduce kernel"
     _decode_planned_kernel[(plan.num_programs, num_kv_heads)](
         q, k_cache, v_cache, out, part_o, part_lse, block_tables, plan.device, scale * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         num_heads, num_kv_heads, batch, o_seq, o_b, o_u0, o_u1, plan.done_offset, seq_lens,
-        plan.chunk_offset,
         GROUP=group, BLOCK_G=max(triton.next_power_of_2(group), 16), PAGE=page,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=cfg["block_n"], UNIT=PLAN_UNIT,
-        BLOCK_H=block_h, FUSED=fused, FLAT=flat,
+        BLOCK_H=block_h, FUSED=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q),
         **({"maxnreg": cfg["maxnreg"]} if "maxnreg" in cfg else {}),

@@ -6,12 +6,10 @@ The plan gives each multiprocessor four programs per KV head (``decode_split``),
 
     /tmp/t36/bin/python scripts/diag_decode_sm90.py [--check]
 
-(the device's Triton, see scripts/diag_prefill_sm90.py). Compiles the default (each item its
-own loop) and, for comparison, the flat loop over a chunk's tiles (plan config ``flat``) at
-64-token tiles (also capped at 128 registers) and at 32-token tiles with 3 stages.
-``--check`` exits 1 unless the default compiled without stack at 128 registers or fewer (a CI
-test runs it: tests/kernels/test_decode_sm90.py). The fused reduction (plan config ``fused``,
-not the default) takes more and is left out.
+(the device's Triton, see scripts/diag_prefill_sm90.py). ``--check`` exits 1 unless the
+default compiled without stack at 128 registers or fewer (a CI test runs it:
+tests/kernels/test_decode_sm90.py). The fused reduction (plan config ``fused``, not the
+default) takes more and is left out.
 """
 
 from __future__ import annotations
@@ -49,11 +47,11 @@ def compile_planned(head_dim: int = 128, plan_config: dict | None = None):
         "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "bt_ptr": "*i32", "plan_ptr": "*i32",
         "scale_log2": "fp32", **dict.fromkeys(INTS, "i32"),
-        "seq_lens_ptr": "*i32", "o_chunk": "i32",
+        "seq_lens_ptr": "*i32",
     }  # fmt: skip
     constants = {"GROUP": 2, "BLOCK_G": 16, "PAGE": 16, "HEAD_DIM": head_dim,
                  "BLOCK_D": head_dim, "BLOCK_N": launch["block_n"], "UNIT": PLAN_UNIT,
-                 "BLOCK_H": 16, "FUSED": False, "FLAT": bool(launch.get("flat")),
+                 "BLOCK_H": 16, "FUSED": False,
                  "DOT_PRECISION": "tf32", "PDL": True}  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     # As a launch specialises them: 16-byte aligned pointers, strides divisible by 16.
@@ -77,13 +75,6 @@ def main() -> None:
     regs, stack = resources(compile_planned())
     ok = regs <= 128 and stack == 0
     print(f"planned decode, d128: registers {regs}, stack {stack} B: {'ok' if ok else 'WRONG'}")
-    for config in (
-        {"flat": 1},
-        {"flat": 1, "maxnreg": 128},
-        {"flat": 1, "block_n": 32, "num_stages": 3},
-    ):
-        regs, stack = resources(compile_planned(128, config))
-        print(f"  for comparison, {config}: registers {regs}, stack {stack} B")
     if check and not ok:
         sys.exit(1)
 

@@ -13,7 +13,7 @@ KV cache layout (``token``: ``[blocks, page, KVH, D]`` contiguous, the engine's 
 out, launch overrides). Names have no commas: ``--variants`` is comma-separated.
 
     python scripts/diag_decode_workload.py [--every 32] [--caches 4] [--pages random]
-        [--variants "token 4/SM,flat 3/SM"] [--best PATH]
+        [--variants "token 4/SM,token 3/SM"] [--best PATH]
 
 ``--best`` writes the fastest token-major variant over the run as the engine's decode config
 (the JSON of ``REFERENCE_ENGINE_DECODE_CONFIG``, its programs per SM included; ``{}`` when the
@@ -48,14 +48,6 @@ VARIANTS = {
     # 4/SM lost 5 to 17% at the steps where all 66 chunks carried work (2026-12-07 15:09).
     "token 4/SM spare 1": ("token", 4, {"spare": 1}),
     "token 4/SM 32-token tiles": ("token", 4, {"block_n": 32}),
-    # Each chunk's items in one loop over its tiles (the pipeline not drained between items).
-    # Compiled here for sm_90 with the device's Triton 3.6 (scripts/diag_decode_sm90.py):
-    # 64-token tiles take 168 registers (three programs per multiprocessor fit), 16 bytes of
-    # spills under a 128-register cap; 32-token tiles with 3 stages take 122 (the block
-    # table's loads pipelined ahead of the tiles').
-    "flat 4/SM 32-token tiles 3 stages": ("token", 4, {"flat": 1, "block_n": 32, "num_stages": 3}),
-    "flat 4/SM at 128 registers": ("token", 4, {"flat": 1, "maxnreg": 128}),
-    "flat 3/SM": ("token", 3, {"flat": 1}),
 }
 assert not any("," in name for name in VARIANTS)
 

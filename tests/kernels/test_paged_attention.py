@@ -136,9 +136,8 @@ def test_decode_cuda_graph_replay(tops, dtype, device):
 PLAN_CONFIGS = {
     "fused": {"fused": 1},
     "unfused": {"fused": 0},
-    "flat": {"flat": 1},
     # Two tiles a unit: a sequence's last unit can end with a tile past its end.
-    "flat 32-token tiles": {"flat": 1, "block_n": 32},
+    "32-token tiles": {"block_n": 32},
 }
 
 
@@ -147,8 +146,7 @@ PLAN_CONFIGS = {
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (8, 1), (6, 3)])
 def test_decode_planned(tops, dtype, device, num_programs, heads, kv_heads, config):
     """A plan cuts the live contexts into equal chunks; padding rows past the batch get zeros.
-    ``fused``: the reduction in the attention kernel or in a second launch (the default);
-    ``flat``: each chunk's items in one loop over its tiles."""
+    ``fused``: the reduction in the attention kernel or in a second launch (the default)."""
     from engine_kernels.decode_split import DecodePlan, plan_workspace_numel
 
     lens_list = DECODE_LENS + [300, 129, 128]
@@ -173,30 +171,3 @@ def test_decode_planned(tops, dtype, device, num_programs, heads, kv_heads, conf
         )
         assert_close(out[:n], ref, dtype)
         assert torch.equal(out[n:], torch.zeros_like(out[n:]))
-
-
-@pytest.mark.parametrize("num_programs", [1, 5, 64])
-def test_decode_planned_flat_matches_per_item_loop(tops, dtype, device, num_programs):
-    """The flat loop over a chunk's tiles does the per-item loop's arithmetic in its order, so
-    their outputs are equal bit for bit (a state not reset between items, a partial stored at
-    the wrong tile or row, or a tile skipped at an item's edge would show here first)."""
-    from engine_kernels.decode_split import DecodePlan, plan_workspace_numel
-
-    heads, kv_heads, head_dim = 4, 2, 64
-    lens_list = DECODE_LENS + [300, 129, 128, 65]
-    k_cache, v_cache, tables = paged_kv_cache(lens_list, kv_heads, head_dim, 16, dtype, device)
-    lens = torch.tensor(lens_list, dtype=torch.int32, device=device)
-    plan = DecodePlan(len(lens_list), num_programs, device)
-    plan.fill(lens_list)
-    plan.device.copy_(plan.host)
-    workspace = torch.empty(plan_workspace_numel(plan.max_items, heads, head_dim), device=device)
-    q = torch.randn(len(lens_list), heads, head_dim, dtype=dtype, device=device)
-    outs = []
-    for config in ({"fused": 0}, {"flat": 1}):
-        out = torch.full_like(q, float("nan"))
-        tops.paged_attention_decode(
-            q, k_cache, v_cache, tables, lens, head_dim**-0.5, out=out, plan=plan,
-            workspace=workspace, config=config,
-        )  # fmt: skip
-        outs.append(out)
-    assert torch.equal(outs[0], outs[1])
