@@ -13,7 +13,8 @@ store left out, the same in every variant):
   ``diag_decode_workload.py`` 4 per SM lost 5 to 17% at the steps where every program had work,
   2026-12-07 15:09; does it here, where the attention follows a cuBLAS GEMM, which does not
   let it launch early? End to end, 3 per SM lost 3%, 16:29);
-- ``one stream spare 1``: 4 per SM with one chunk a KV head fewer, some slots left free;
+- ``one stream spare 1``: 4 per SM with one chunk a KV head fewer, some slots left free (here
+  the three were within 1%, 16:38: the diag's dips came from PDL, docs/performance.md);
 - ``halves in turn``: the batch cut in two halves whose chains run one after the other on one
   stream (what splitting costs without any overlap);
 - ``two streams N/SM``: each half's chain on its own stream, its attention planned for N
