@@ -27,37 +27,6 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attend_tile(
-    q, k_base, v_base, bt_row, n0, end, m_i, l_i, acc, scale_log2,
-    stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
-    PAGE: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
-    """One online-softmax step over the context tokens ``[n0, n0 + BLOCK_N)`` below ``end``
-    (``bt_row``: the sequence's block table row; ``k_base``, ``v_base``: the KV head's caches):
-    the running output, max and sum (fp32, base 2) updated from ``m_i``, ``l_i``, ``acc``."""
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < end
-    page = tl.load(bt_row + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
-    tok = (offs_n % PAGE).to(tl.int64)
-    kv_mask = n_mask[:, None] & d_mask[None, :]
-    k_off = page[:, None] * stride_k_blk + tok[:, None] * stride_k_tok + offs_d[None, :]
-    v_off = page[:, None] * stride_v_blk + tok[:, None] * stride_v_tok + offs_d[None, :]
-    k = tl.load(k_base + k_off, mask=kv_mask, other=0.0)
-    v = tl.load(v_base + v_off, mask=kv_mask, other=0.0)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-    qk = tl.where(n_mask[None, :], qk * scale_log2, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-    return acc, m_new, l_i
-
-
-@triton.jit
 def _attend_range(
     q, k_ptr, v_ptr, bt_row, kvh, start, end, scale_log2,
     stride_k_blk, stride_k_tok, stride_k_h, stride_v_blk, stride_v_tok, stride_v_h,
@@ -66,17 +35,31 @@ def _attend_range(
 ):  # fmt: skip
     """Online softmax of one KV head's context tokens ``[start, end)`` for the query rows ``q``:
     the unnormalized output, the running max and the running sum (all fp32, base 2)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
     m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     k_base = k_ptr + kvh * stride_k_h
     v_base = v_ptr + kvh * stride_v_h
     for n0 in range(start, end, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
-            q, k_base, v_base, bt_row, n0, end, m_i, l_i, acc, scale_log2,
-            stride_k_blk, stride_k_tok, stride_v_blk, stride_v_tok,
-            PAGE, BLOCK_D, HEAD_DIM, BLOCK_N, DOT_PRECISION,
-        )  # fmt: skip
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        page = tl.load(bt_row + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+        tok = (offs_n % PAGE).to(tl.int64)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k_off = page[:, None] * stride_k_blk + tok[:, None] * stride_k_tok + offs_d[None, :]
+        v_off = page[:, None] * stride_v_blk + tok[:, None] * stride_v_tok + offs_d[None, :]
+        k = tl.load(k_base + k_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_base + v_off, mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        qk = tl.where(n_mask[None, :], qk * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
     return acc, m_i, l_i
 
 
@@ -395,7 +378,6 @@ def _planned(q, k_cache, v_cache, block_tables, seq_lens, scale, plan, workspace
         BLOCK_H=block_h, FUSED=fused,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q),
-        **({"maxnreg": cfg["maxnreg"]} if "maxnreg" in cfg else {}),
     )  # fmt: skip
     if not fused:
         _decode_planned_reduce_kernel[(batch,)](

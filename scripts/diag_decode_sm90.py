@@ -6,8 +6,8 @@ The plan gives each multiprocessor four programs per KV head (``decode_split``),
 
     /tmp/t36/bin/python scripts/diag_decode_sm90.py [--check]
 
-(the device's Triton, see scripts/diag_prefill_sm90.py). ``--check`` exits 1 unless the
-default compiled without stack at 128 registers or fewer (a CI test runs it:
+(the device's Triton, see scripts/diag_prefill_sm90.py). ``--check`` exits 1 unless it
+compiled without stack at 128 registers or fewer (a CI test runs it:
 tests/kernels/test_decode_sm90.py). The fused reduction (plan config ``fused``, not the
 default) takes more and is left out.
 """
@@ -38,11 +38,10 @@ INTS = [
 ]  # fmt: skip
 
 
-def compile_planned(head_dim: int = 128, plan_config: dict | None = None):
-    """The kernel as the engine launches it for Qwen3-0.6B's heads (``head_dim`` 128) in bf16
-    on CUDA (the reduction in its own launch, the default), with ``plan_config``'s options."""
-    plan_config = plan_config or {}
-    launch = {**_decode_config(SimpleNamespace(is_cuda=True), planned=True), **plan_config}
+def compile_planned(head_dim: int = 128):
+    """The kernel as the engine launches it for Qwen3-0.6B's heads in bf16 on CUDA (the
+    reduction in its own launch, the default)."""
+    launch = _decode_config(SimpleNamespace(is_cuda=True), planned=True)
     signature = {
         "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "bt_ptr": "*i32", "plan_ptr": "*i32",
@@ -51,8 +50,7 @@ def compile_planned(head_dim: int = 128, plan_config: dict | None = None):
     }  # fmt: skip
     constants = {"GROUP": 2, "BLOCK_G": 16, "PAGE": 16, "HEAD_DIM": head_dim,
                  "BLOCK_D": head_dim, "BLOCK_N": launch["block_n"], "UNIT": PLAN_UNIT,
-                 "BLOCK_H": 16, "FUSED": False,
-                 "DOT_PRECISION": "tf32", "PDL": True}  # fmt: skip
+                 "BLOCK_H": 16, "FUSED": False, "DOT_PRECISION": "tf32", "PDL": True}  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     # As a launch specialises them: 16-byte aligned pointers, strides divisible by 16.
     names = list(signature)
@@ -61,11 +59,7 @@ def compile_planned(head_dim: int = 128, plan_config: dict | None = None):
     return triton.compile(
         ASTSource(_decode_planned_kernel, signature, constants, attrs),
         target=GPUTarget("cuda", 90, 128),
-        options={
-            "num_warps": launch["num_warps"],
-            "num_stages": launch["num_stages"],
-            **({"maxnreg": launch["maxnreg"]} if "maxnreg" in launch else {}),
-        },
+        options={"num_warps": launch["num_warps"], "num_stages": launch["num_stages"]},
     )
 
 
