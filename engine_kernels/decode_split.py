@@ -101,6 +101,17 @@ class DecodePlan:
         self.host_np = self.host.numpy()
         self.device = self.host if device.type == "cpu" else self.host.to(device)
 
+    @classmethod
+    def from_config(
+        cls, max_batch: int, num_kv_heads: int, device: torch.device, config: dict | None = None
+    ) -> DecodePlan:
+        """A plan for a decode config (``REFERENCE_ENGINE_DECODE_CONFIG``): its ``per_sm`` and
+        ``spare`` size the grid (``default_plan_programs``), the rest are launch options."""
+        launch = dict(config or {})
+        per_sm, spare = launch.pop("per_sm", None), launch.pop("spare", 0)
+        programs = default_plan_programs(num_kv_heads, device, per_sm, spare)
+        return cls(max_batch, programs, device, launch)
+
     def offsets(self) -> tuple[int, int, int, int, int]:
         """Start of prog_start, seq_start, item_seq, item_u0, item_u1 in the buffer."""
         p, b, m = self.num_programs, self.max_batch, self.max_items

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from engine_kernels.decode_split import DecodePlan, default_plan_programs, plan_workspace_numel
+from engine_kernels.decode_split import DecodePlan, plan_workspace_numel
 from reference_engine.models import CausalLM, ForwardContext
 
 # REFERENCE_ENGINE_DECODE_PLAN=0 (for comparisons): the split decode sized from the block
@@ -49,10 +49,7 @@ class DecodeGraphs:
         )
         self.seq_lens = torch.ones(max_batch, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=dev)
-        plan_cfg = dict(PLAN_CONFIG)
-        per_sm, spare = plan_cfg.pop("per_sm", None), plan_cfg.pop("spare", 0)
-        programs = default_plan_programs(cfg.num_kv_heads, dev, per_sm, spare)
-        self.plan = DecodePlan(max_batch, programs, dev, plan_cfg)
+        self.plan = DecodePlan.from_config(max_batch, cfg.num_kv_heads, dev, PLAN_CONFIG)
         self.workspace = torch.empty(
             plan_workspace_numel(self.plan.max_items, cfg.num_heads, cfg.head_dim),
             dtype=torch.float32,

@@ -45,11 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpu_throughput import workload  # noqa: E402
 from engine_kernels import triton_ops as tops  # noqa: E402
-from engine_kernels.decode_split import (  # noqa: E402
-    DecodePlan,
-    default_plan_programs,
-    plan_workspace_numel,
-)
+from engine_kernels.decode_split import DecodePlan, plan_workspace_numel  # noqa: E402
 from scripts.diag_decode_workload import (  # noqa: E402
     KVH,
     LAYERS,
@@ -81,7 +77,7 @@ class Chain:
         n = len(lens)
         self.weights, self.caches, self.tables = weights, caches, tables
         self.seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
-        self.plan = DecodePlan(n, default_plan_programs(KVH, dev, per_sm, spare), dev)
+        self.plan = DecodePlan.from_config(n, KVH, dev, {"per_sm": per_sm, "spare": spare})
         self.plan.fill(lens)
         self.plan.device.copy_(self.plan.host)
         self.workspace = torch.empty(plan_workspace_numel(self.plan.max_items, H, D), device=dev)

@@ -34,7 +34,7 @@ import triton.testing
 
 from benchmarks.gpu_throughput import workload
 from engine_kernels import triton_ops as tops
-from engine_kernels.decode_split import DecodePlan, default_plan_programs, plan_workspace_numel
+from engine_kernels.decode_split import DecodePlan, plan_workspace_numel
 
 H, KVH, D, PAGE, LAYERS, WIDTH = 16, 8, 128, 16, 28, 256
 
@@ -132,9 +132,7 @@ def main() -> None:
     plans, wss = {}, {}
     for name in names:
         _, per_sm, config = VARIANTS[name]
-        launch = {k: v for k, v in config.items() if k != "spare"}
-        programs = default_plan_programs(KVH, dev, per_sm, config.get("spare", 0))
-        plans[name] = DecodePlan(256, programs, dev, launch)
+        plans[name] = DecodePlan.from_config(256, KVH, dev, {**config, "per_sm": per_sm})
         wss[name] = torch.empty(plan_workspace_numel(plans[name].max_items, H, D), device=dev)
     print(f"{torch.cuda.get_device_name(dev)}; copy {bandwidth:,.0f} GB/s; {nb} blocks x "
           f"{args.caches} layers' caches, {args.pages} pages; one step's {LAYERS} layers in a "

@@ -141,6 +141,19 @@ PLAN_CONFIGS = {
 }
 
 
+def test_decode_plan_from_config_sizes_the_grid_and_keeps_the_launch_options():
+    """``per_sm`` and ``spare`` shape the grid (8 multiprocessors on the CPU); the rest of an
+    engine decode config reaches the kernel launch."""
+    from engine_kernels.decode_split import DecodePlan
+
+    config = {"per_sm": 2, "spare": 1, "fused": 1}
+    plan = DecodePlan.from_config(4, 2, torch.device("cpu"), config)
+    assert plan.num_programs == 2 * 8 // 2 - 1
+    assert plan.config == {"fused": 1}
+    assert config == {"per_sm": 2, "spare": 1, "fused": 1}  # the caller's dict is left alone
+    assert DecodePlan.from_config(4, 2, torch.device("cpu")).num_programs == 4 * 8 // 2
+
+
 @pytest.mark.parametrize("config", list(PLAN_CONFIGS))
 @pytest.mark.parametrize("num_programs", [1, 3, 64])
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (8, 1), (6, 3)])
