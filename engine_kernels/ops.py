@@ -21,6 +21,9 @@ and ignored by the reference:
 - ``projection_add_rms_norm(x, weight, residual, norm_weight, eps, *, silu_gate=False)``: a
   layer's o or down projection with the residual add + RMSNorm after it (and for down the
   SiLU-and-mul before it), split-K on CUDA where measured faster (``linear_split_k.py``).
+- ``add_rms_norm_linear(h, residual, norm_weight, eps, weight, bias=None, *, silu_gate=False)``:
+  a layer's residual add + RMSNorm and the projection after it (qkv, or gate/up with the
+  SiLU-and-mul after it), one kernel on CUDA up to 256 rows (``norm_linear.py``).
 - ``paged_attention_prefill(..., max_query_len=None, out=None, k_new=None, v_new=None,
   max_prefix_len=None)``: pass the step's longest query run (the scheduler knows it) to avoid
   the one host sync that computes it; pass the step's new keys and values as
@@ -107,6 +110,27 @@ def projection_add_rms_norm(
     return _backend(x).projection_add_rms_norm(
         x, weight, residual, norm_weight, eps, silu_gate=silu_gate
     )
+
+
+def add_rms_norm_linear(
+    h: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    silu_gate: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _backend(h).add_rms_norm_linear(
+        h, residual, norm_weight, eps, weight, bias, silu_gate=silu_gate
+    )
+
+
+# While the fused norm + projection is measured against the split-K o and down projections
+# (docs/performance.md): ENGINE_KERNELS_NORM_LINEAR=0 gives the decoder layers of before it.
+def norms_in_projections() -> bool:
+    return os.environ.get("ENGINE_KERNELS_NORM_LINEAR", "1") != "0"
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -210,6 +234,7 @@ def paged_attention_decode(
 
 __all__ = [
     "DecodePlan",
+    "add_rms_norm_linear",
     "decode_workspace",
     "decode_workspace_numel",
     "fused_add_rms_norm",

@@ -102,6 +102,28 @@ def projection_add_rms_norm(
     return fused_add_rms_norm(F.linear(h, weight), residual, norm_weight, eps)
 
 
+def add_rms_norm_linear(
+    h: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    silu_gate: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add + RMSNorm before a projection, and the projection (then
+    ``silu_and_mul`` with ``silu_gate``): a decoder layer's input norm and qkv projection, or its
+    post-attention norm and gate/up projection. Returns the projection's output and the residual
+    stream ``h + residual`` (``h`` itself without a residual: the embeddings, before layer 0)."""
+    if residual is None:
+        x, summed = rms_norm(h, norm_weight, eps), h
+    else:
+        x, summed = fused_add_rms_norm(h, residual, norm_weight, eps)
+    y = F.linear(x, weight, bias)
+    return (silu_and_mul(y) if silu_gate else y), summed
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` for ``x`` of last dim ``2d``."""
     gate, up = x.chunk(2, dim=-1)
