@@ -1,0 +1,191 @@
+"""The norms inside the projections after them (engine_kernels/norm_linear.py) against the layer
+as it was (the o and down projections split-K or cuBLAS with the add + norm after them, cuBLAS
+for qkv and gate/up, the SiLU kernel), on the GPU, for Qwen3-0.6B's shapes.
+
+Part one sweeps each fused kernel's launches (qkv: N = 4096; gate/up + SiLU: N = 3072 x 2; K =
+1024), each timed as a CUDA graph of 28 calls over 28 weight copies, as a decode step's layers
+run them (weights from HBM, not L2), and writes the best per batch size as a table that
+ENGINE_KERNELS_NORM_LINEAR_CONFIG takes (``--table``). Part two times a decode step's 28 layers
+without the attention (the same in both), before and after, each as one CUDA graph, with that
+table, and checks that both give the same residual stream within rounding.
+
+    python scripts/diag_norm_linear.py [--table norm_linear.json] [--batches 256,64,8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine_kernels import reference, triton_ops  # noqa: E402
+from engine_kernels.norm_linear import (  # noqa: E402
+    CONFIG_OVERRIDE,
+    NormLinearConfig,
+    norm_linear,
+    norm_linear_config,
+)
+
+HIDDEN, INTER, QKV, ATTN = 1024, 3072, 4096, 2048
+BATCHES = (256, 192, 128, 96, 64, 32, 16, 8, 1)
+LAYERS = 28
+BF16 = torch.bfloat16
+
+
+def _graph_us(fn, reps: int = 5) -> float:
+    """Median replay time (us) of a CUDA graph of ``fn()``, compiled and warmed first."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def _candidates(rows: int) -> list[NormLinearConfig]:
+    top = max(16, triton.next_power_of_2(rows))
+    out = []
+    for block_m in (16, 32, 64, 128):
+        if block_m > top or block_m * 4 < top:
+            continue
+        for block_n in (32, 64, 128):
+            for block_k, stages in ((128, 3), (64, 3), (64, 4)):
+                warps = 8 if block_m * block_n >= 8192 else 4
+                out.append(NormLinearConfig(block_n, block_m, block_k, warps, stages))
+    return out
+
+
+def sweep(batches: list[int], dev) -> list[dict]:
+    """Part one: the best launch per kernel and batch size, as table entries."""
+    print("| kernel | M | heuristic us | best us | its configuration | best / heuristic |")
+    print("|---|---:|---:|---:|---|---:|")
+    table = []
+    for silu_gate, n in ((False, QKV), (True, INTER)):
+        weights = [torch.randn(2 * n if silu_gate else n, HIDDEN, dtype=BF16, device=dev)
+                   * HIDDEN**-0.5 for _ in range(LAYERS)]  # fmt: skip
+        norm_w = torch.rand(HIDDEN, dtype=BF16, device=dev) + 0.5
+        for rows in batches:
+            h = torch.randn(rows, HIDDEN, dtype=BF16, device=dev)
+            residual = torch.randn(rows, HIDDEN, dtype=BF16, device=dev)
+
+            def layers(cfg, h=h, residual=residual, norm_w=norm_w, weights=weights, gate=silu_gate):
+                for w in weights:
+                    norm_linear(h, residual, norm_w, 1e-6, w, silu_gate=gate, config=cfg)
+
+            ref = reference.add_rms_norm_linear(
+                h, residual, norm_w, 1e-6, weights[0], silu_gate=silu_gate
+            )[0].float()
+            heuristic = norm_linear_config(rows, silu_gate)
+            base = _graph_us(functools.partial(layers, heuristic))
+            best = (base, heuristic)
+            for cfg in _candidates(rows):
+                try:
+                    out = norm_linear(h, residual, norm_w, 1e-6, weights[0], silu_gate=silu_gate,
+                                      config=cfg)[0].float()  # fmt: skip
+                    err = ((out - ref).norm() / ref.norm()).item()
+                    assert err < 2e-2, f"relative error {err:.3g}"
+                    us = _graph_us(functools.partial(layers, cfg))
+                except Exception as e:  # noqa: BLE001 (a launch that does not fit: skip it)
+                    print(f"  M={rows} {cfg}: {type(e).__name__} {str(e)[:80]}")
+                    continue
+                best = min(best, (us, cfg), key=lambda t: t[0])
+            name = "gate/up + SiLU" if silu_gate else "qkv"
+            text = ", ".join(f"{f.name}={getattr(best[1], f.name)}"
+                             for f in dataclasses.fields(best[1]))  # fmt: skip
+            print(f"| {name} | {rows} | {base / LAYERS:.1f} | {best[0] / LAYERS:.1f} | {text} "
+                  f"| {best[0] / base:.2f} |", flush=True)  # fmt: skip
+            table.append({"silu_gate": silu_gate, "max_rows": rows, **dataclasses.asdict(best[1])})
+    return sorted(table, key=lambda e: (e["silu_gate"], e["max_rows"]))
+
+
+def _weights(dev):
+    shapes = [(QKV, HIDDEN), (HIDDEN, ATTN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
+    return [tuple(torch.randn(o, i, dtype=BF16, device=dev) * i**-0.5 for o, i in shapes)
+            for _ in range(LAYERS)]  # fmt: skip
+
+
+def _before(embed, attn, weights, norms) -> torch.Tensor:
+    """The layers as they were, without the attention; returns the residual stream."""
+    residual = embed
+    x = triton_ops.rms_norm(residual, norms[0], 1e-6)
+    for i, (w_qkv, w_o, w_gu, w_down) in enumerate(weights):
+        F.linear(x, w_qkv)
+        x, residual = triton_ops.projection_add_rms_norm(
+            attn, w_o, residual, norms[2 * i + 1], 1e-6
+        )
+        x, residual = triton_ops.projection_add_rms_norm(
+            F.linear(x, w_gu), w_down, residual, norms[2 * i + 2], 1e-6, silu_gate=True
+        )
+    return residual
+
+
+def _after(embed, attn, weights, norms) -> torch.Tensor:
+    """The layers with the norms inside the projections, without the attention."""
+    h, residual = embed, None
+    for i, (w_qkv, w_o, w_gu, w_down) in enumerate(weights):
+        residual = triton_ops.add_rms_norm_linear(h, residual, norms[2 * i], 1e-6, w_qkv)[1]
+        act, residual = triton_ops.add_rms_norm_linear(
+            F.linear(attn, w_o), residual, norms[2 * i + 1], 1e-6, w_gu, silu_gate=True
+        )
+        h = F.linear(act, w_down)
+    return triton_ops.fused_add_rms_norm(h, residual, norms[-1], 1e-6)[1]
+
+
+def chains(batches: list[int], dev) -> None:
+    """Part two: 28 layers without the attention, before and after, each one CUDA graph."""
+    weights = _weights(dev)
+    norms = [torch.rand(HIDDEN, dtype=BF16, device=dev) + 0.5 for _ in range(2 * LAYERS + 1)]
+    print("\n| M | before us per step | after us per step | after / before | residual error |")
+    print("|---:|---:|---:|---:|---:|")
+    for rows in batches:
+        embed = torch.randn(rows, HIDDEN, dtype=BF16, device=dev)
+        attn = torch.randn(rows, ATTN, dtype=BF16, device=dev) * 0.1  # the attention's output
+        before = functools.partial(_before, embed, attn, weights, norms)
+        after = functools.partial(_after, embed, attn, weights, norms)
+        t_before, t_after = _graph_us(before), _graph_us(after)
+        ref, got = before().float(), after().float()
+        err = ((got - ref).norm() / ref.norm()).item()
+        print(f"| {rows} | {t_before:.0f} | {t_after:.0f} | {t_after / t_before:.2f} "
+              f"| {err:.1e} |", flush=True)  # fmt: skip
+        assert err < 5e-2, f"M={rows}: the two orders disagree beyond rounding ({err:.2e})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", help="write the best launch per kernel and batch size here (JSON)")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"{torch.cuda.get_device_name(dev)}; us, CUDA graphs of {LAYERS} layers, Qwen3-0.6B")
+    table = sweep(batches, dev)
+    if args.table:
+        Path(args.table).write_text(json.dumps(table))
+        print(f"table of {len(table)} launches written to {args.table}")
+    os.environ[CONFIG_OVERRIDE] = json.dumps(table)
+    chains(batches, dev)
+
+
+if __name__ == "__main__":
+    main()
