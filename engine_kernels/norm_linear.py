@@ -68,6 +68,12 @@ def _override(text: str) -> list[tuple[bool | None, int, NormLinearConfig]]:
     return sorted(entries, key=lambda e: e[1])
 
 
+def num_warps_for(block_n: int, block_m: int, silu_gate: bool) -> int:
+    """8 warps once the accumulators hold 8,192 fp32 values (4 warps then take 180 and more
+    registers a thread at sm_90, Triton 3.6), else 4."""
+    return 8 if (2 if silu_gate else 1) * block_n * block_m >= 8192 else 4
+
+
 def norm_linear_config(rows: int, silu_gate: bool) -> NormLinearConfig:
     """The override's launch, else a batch tile of the rows rounded up to a power of two (16 to
     64) and, with two accumulators (``silu_gate``), half as many weight rows a tile."""
@@ -76,7 +82,9 @@ def norm_linear_config(rows: int, silu_gate: bool) -> NormLinearConfig:
         if gated in (None, silu_gate) and rows <= max_rows:
             return cfg
     block_m = min(max(triton.next_power_of_2(rows), 16), 64)
-    return NormLinearConfig(block_n=64 if silu_gate else 128, block_m=block_m)
+    block_n = 64 if silu_gate else 128
+    warps = num_warps_for(block_n, block_m, silu_gate)
+    return NormLinearConfig(block_n=block_n, block_m=block_m, block_k=64, num_warps=warps)
 
 
 @triton.jit

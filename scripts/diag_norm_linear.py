@@ -35,6 +35,7 @@ from engine_kernels.norm_linear import (  # noqa: E402
     NormLinearConfig,
     norm_linear,
     norm_linear_config,
+    num_warps_for,
 )
 
 HIDDEN, INTER, QKV, ATTN = 1024, 3072, 4096, 2048
@@ -62,7 +63,7 @@ def _graph_us(fn, reps: int = 5) -> float:
     return statistics.median(times)
 
 
-def _candidates(rows: int) -> list[NormLinearConfig]:
+def _candidates(rows: int, silu_gate: bool) -> list[NormLinearConfig]:
     top = max(16, triton.next_power_of_2(rows))
     out = []
     for block_m in (16, 32, 64, 128):
@@ -70,7 +71,7 @@ def _candidates(rows: int) -> list[NormLinearConfig]:
             continue
         for block_n in (32, 64, 128):
             for block_k, stages in ((128, 3), (64, 3), (64, 4)):
-                warps = 8 if block_m * block_n >= 8192 else 4
+                warps = num_warps_for(block_n, block_m, silu_gate)
                 out.append(NormLinearConfig(block_n, block_m, block_k, warps, stages))
     return out
 
@@ -98,7 +99,7 @@ def sweep(batches: list[int], dev) -> list[dict]:
             heuristic = norm_linear_config(rows, silu_gate)
             base = _graph_us(functools.partial(layers, heuristic))
             best = (base, heuristic)
-            for cfg in _candidates(rows):
+            for cfg in _candidates(rows, silu_gate):
                 try:
                     out = norm_linear(h, residual, norm_w, 1e-6, weights[0], silu_gate=silu_gate,
                                       config=cfg)[0].float()  # fmt: skip
