@@ -106,3 +106,31 @@ def test_more_rows_than_max_take_the_separate_kernels(tops, dtype, device, monke
     assert_close(out, ref_out, dtype)
     norm_linear.add_rms_norm_linear(h[:4], residual[:4], norm_w, 1e-6, w, silu_gate=True)
     assert calls == [1]
+
+
+@pytest.mark.skipif(ON_GPU, reason="on CUDA the engine takes the kernel itself (gpu_check)")
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])  # tiny-qwen2: a qkv bias
+def test_the_engine_through_the_kernel_gives_the_same_greedy_tokens(tops, monkeypatch, name):
+    """Every decoder layer's two norm + projection ops through the kernel (interpreted here, at
+    every row count, prefill chunks included): the greedy tokens of the separate ops."""
+    from engine_kernels import norm_linear, ops
+    from fixtures import load_prompts, model_path
+    from reference_engine import LLM, SamplingParams
+
+    prompts = load_prompts("short")[:3]
+    params = SamplingParams(temperature=0, max_tokens=6, min_tokens=6)
+
+    def tokens() -> list[list[int]]:
+        llm = LLM(str(model_path(name)), num_kv_blocks=32, max_num_seqs=4)
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    expected = tokens()
+    calls = []
+
+    def through_the_kernel(*args, **kwargs):
+        calls.append(kwargs.get("silu_gate", False))
+        return norm_linear.norm_linear(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "add_rms_norm_linear", through_the_kernel)
+    assert tokens() == expected
+    assert True in calls and False in calls
