@@ -111,8 +111,9 @@ def test_more_rows_than_max_take_the_separate_kernels(tops, dtype, device, monke
 @pytest.mark.skipif(ON_GPU, reason="on CUDA the engine takes the kernel itself (gpu_check)")
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])  # tiny-qwen2: a qkv bias
 def test_the_engine_through_the_kernel_gives_the_same_greedy_tokens(tops, monkeypatch, name):
-    """Every decoder layer's two norm + projection ops through the kernel (interpreted here, at
-    every row count, prefill chunks included): the greedy tokens of the separate ops."""
+    """The decoder layers with the norms inside the projections (opt-in), each of their two
+    norm + projection ops through the kernel (interpreted here, at every row count, prefill
+    chunks included): the greedy tokens of the layers with the split-K o and down ops."""
     from engine_kernels import norm_linear, ops
     from fixtures import load_prompts, model_path
     from reference_engine import LLM, SamplingParams
@@ -132,5 +133,6 @@ def test_the_engine_through_the_kernel_gives_the_same_greedy_tokens(tops, monkey
         return norm_linear.norm_linear(*args, **kwargs)
 
     monkeypatch.setattr(ops, "add_rms_norm_linear", through_the_kernel)
+    monkeypatch.setenv("ENGINE_KERNELS_NORM_LINEAR", "1")
     assert tokens() == expected
     assert True in calls and False in calls
