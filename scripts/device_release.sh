@@ -112,7 +112,7 @@ for name in $STEPS; do
       ${CHAIN_VARIANTS:+--variants "$CHAIN_VARIANTS"} ;;
     read_rate) TAIL=10 step read_rate 90 python3 scripts/diag_read_rate.py ;;
     norm_linear) TAIL=40 step norm_linear 300 python3 scripts/diag_norm_linear.py \
-      --table /tmp/norm_linear.json
+      --table /tmp/norm_linear.json ${NORM_LINEAR_BATCHES:+--batches "$NORM_LINEAR_BATCHES"}
       if [ "$STATUS" = 0 ]; then  # the steps after it launch the fused kernels as it measured
         export ENGINE_KERNELS_NORM_LINEAR_CONFIG=/tmp/norm_linear.json
         echo "export ENGINE_KERNELS_NORM_LINEAR_CONFIG=/tmp/norm_linear.json" >> "$DECISIONS"
