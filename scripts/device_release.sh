@@ -12,7 +12,8 @@
 # gpu_check, the decode rows and the profile. A second call on the still-warm machine reuses the
 # Triton cache the first one filled. DEADLINE (seconds) shortens the steps' limits so that the
 # last one ends before the device call's own limit. Some steps run only when named: ablation
-# (scripts/diag_engine_ablation.py, what each kind of kernel costs inside the engine),
+# (scripts/diag_engine_ablation.py, what each kind of kernel costs inside the engine; ABLATIONS
+# picks them),
 # decode_steps (scripts/diag_decode_workload.py, the decode attention on the workload's steps in
 # CUDA graphs), chain (scripts/diag_decode_chain.py, ways to run the decode step's GEMMs and
 # attention, such as two half-batches on two streams; CHAIN_VARIANTS picks some) and read_rate
@@ -95,8 +96,8 @@ for name in $STEPS; do
     # 120 s after 48 tests; on the same machine warm, all 116 in 41 s)
     conformance) TAIL=4 step conformance 240 bash scripts/device_conformance.sh -x ;;
     profile) TAIL=40 step profile 150 python3 -m benchmarks.gpu_throughput --engines profile-full ;;
-    ablation) TAIL=8 step ablation 200 python3 scripts/diag_engine_ablation.py none \
-      decode_attention prefill_attention linear lm_head ;;
+    ablation) TAIL=8 step ablation 200 python3 scripts/diag_engine_ablation.py ${ABLATIONS:-none \
+      decode_attention prefill_attention linear lm_head} ;;
     decode_steps) rm -f /tmp/decode_best.json
       TAIL=4 step decode_steps 150 python3 scripts/diag_decode_workload.py \
       --best /tmp/decode_best.json ${DECODE_VARIANTS:+--variants "$DECODE_VARIANTS"} ;;

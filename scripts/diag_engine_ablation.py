@@ -26,6 +26,10 @@ ABLATIONS = {
     "linear": "every projection, prefill and decode (an empty output; the o and down ones keep the"
     " residual add and norm they are fused with)",
     "lm_head": "the LM head (empty logits)",
+    "none_cublas": "nothing, with the o and down projections in cuBLAS at every row count",
+    "norms_silu": "the add + RMSNorm and SiLU-and-mul kernels around the o and down projections"
+    " (their input passed on; the projections in cuBLAS): what the fused norm + projection"
+    " kernels (engine_kernels/norm_linear.py) can save at most, against none_cublas",
 }
 
 
@@ -52,6 +56,13 @@ def _skip(name: str) -> None:
 
         torch.nn.Linear.forward = empty_linear
         ops.projection_add_rms_norm = add_and_norm_only
+    elif name in ("none_cublas", "norms_silu"):
+        from engine_kernels import linear_split_k
+
+        linear_split_k.MAX_ROWS = 0
+        if name == "norms_silu":
+            linear_split_k.silu_and_mul = lambda x: x[..., : x.shape[-1] // 2]
+            linear_split_k.fused_add_rms_norm = lambda x, residual, weight, eps: (x, residual)
     elif name == "lm_head":
         from reference_engine.models.llama import CausalLM
 

@@ -1,0 +1,66 @@
+"""Compile the fused norm + projection kernels (engine_kernels/norm_linear.py) for sm_90 on this
+machine (no GPU), with the default launch at each batch size, and report registers and stack.
+
+The first default launch (128 deep, 4 warps) took 255 registers and 16 bytes of stack for the
+qkv projection at sm_90 (Triton 3.6): spills, in the kernel meant to save time. ``--check`` exits
+1 if any default launch has stack (a CI test runs it: tests/kernels/test_norm_linear_sm90.py).
+
+    python scripts/diag_norm_linear_sm90.py [--check]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from engine_kernels.norm_linear import _norm_linear_kernel, norm_linear_config  # noqa: E402
+from scripts.diag_prefill_sm90 import resources  # noqa: E402
+
+POINTERS = ["h_ptr", "res_ptr", "g_ptr", "w_ptr", "b_ptr", "out_ptr", "sum_ptr"]
+INTS = ["M", "N", "K", "stride_h", "stride_res", "stride_w", "stride_out", "stride_sum"]
+BATCHES = (1, 16, 32, 64, 128, 256)
+
+
+def compile_default(rows: int, silu_gate: bool):
+    """The kernel as the engine launches it in bf16 for ``rows`` rows of Qwen3-0.6B (K = 1024)."""
+    cfg = norm_linear_config(rows, silu_gate)
+    signature = {**dict.fromkeys(POINTERS, "*bf16"), **dict.fromkeys(INTS, "i32"), "eps": "fp32"}
+    constants = {"HAS_RESIDUAL": True, "HAS_BIAS": False, "SILU_GATE": silu_gate,
+                 "EVEN_K": True, "DOT_PRECISION": "tf32", "BLOCK_N": cfg.block_n,
+                 "BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k, "PDL": True}  # fmt: skip
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    # As a launch specialises them: 16-byte aligned pointers, strides and sizes divisible by 16.
+    names = list(signature)
+    aligned = [n for n in names if n.endswith("_ptr") or n.startswith("stride_") or n in ("N", "K")]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    return cfg, triton.compile(
+        ASTSource(_norm_linear_kernel, signature, constants, attrs),
+        target=GPUTarget("cuda", 90, 128),
+        options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+    )
+
+
+def main() -> None:
+    check = "--check" in sys.argv[1:]
+    print(f"triton {triton.__version__}, target sm_90")
+    spilled = 0
+    for silu_gate in (False, True):
+        for rows in BATCHES:
+            cfg, kernel = compile_default(rows, silu_gate)
+            regs, stack = resources(kernel)
+            spilled += stack > 0
+            name = "gate/up + SiLU" if silu_gate else "qkv"
+            print(f"{name}, {rows} rows, {cfg}: registers {regs}, stack {stack} B: "
+                  f"{'ok' if stack == 0 else 'SPILLS'}")  # fmt: skip
+    if check and spilled:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
