@@ -50,10 +50,12 @@ CONFIG_OVERRIDE = "ENGINE_KERNELS_NORM_LINEAR_CONFIG"
 
 @dataclass(frozen=True)
 class NormLinearConfig:
+    """A launch; the defaults are the qkv projection's from 64 rows up."""
+
     block_n: int = 128
     block_m: int = 64
-    block_k: int = 128
-    num_warps: int = 4
+    block_k: int = 64
+    num_warps: int = 8
     num_stages: int = 3
 
 
@@ -218,7 +220,7 @@ def norm_linear(
         weight = weight.contiguous()
     out = torch.empty((*h.shape[:-1], n), dtype=h.dtype, device=h.device)
     res2 = h2 if residual is None else _rows(residual)
-    summed = h if residual is None else torch.empty_like(h)
+    summed = h if residual is None else torch.empty(h.shape, dtype=h.dtype, device=h.device)
     sum2 = h2 if residual is None else summed.view(-1, k)
     if m == 0:
         return out, summed
