@@ -19,7 +19,6 @@ import dataclasses
 import functools
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from engine_kernels.norm_linear import (  # noqa: E402
     norm_linear_config,
     num_warps_for,
 )
+from scripts.diag_decode_workload import graph_ms  # noqa: E402
 
 HIDDEN, INTER, QKV, ATTN = 1024, 3072, 4096, 2048
 BATCHES = (256, 192, 128, 96, 64, 32, 16, 8, 1)
@@ -44,23 +44,9 @@ LAYERS = 28
 BF16 = torch.bfloat16
 
 
-def _graph_us(fn, reps: int = 5) -> float:
-    """Median replay time (us) of a CUDA graph of ``fn()``, compiled and warmed first."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+def _graph_us(fn) -> float:
+    """Median replay time of a CUDA graph of ``fn()``, in microseconds."""
+    return graph_ms(fn) * 1e3
 
 
 def _candidates(rows: int, silu_gate: bool) -> list[NormLinearConfig]:
