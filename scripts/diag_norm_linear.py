@@ -64,8 +64,9 @@ def _candidates(rows: int, silu_gate: bool) -> list[NormLinearConfig]:
 
 def sweep(batches: list[int], dev) -> list[dict]:
     """Part one: the best launch per kernel and batch size, as table entries."""
-    print("| kernel | M | heuristic us | best us | its configuration | best / heuristic |")
-    print("|---|---:|---:|---:|---|---:|")
+    print("| kernel | M | separate kernels us | heuristic us | best us | its configuration "
+          "| best / heuristic | best at block_n=128 us |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---|---:|---:|")
     table = []
     for silu_gate, n in ((False, QKV), (True, INTER)):
         weights = [torch.randn(2 * n if silu_gate else n, HIDDEN, dtype=BF16, device=dev)
@@ -82,9 +83,20 @@ def sweep(batches: list[int], dev) -> list[dict]:
             ref = reference.add_rms_norm_linear(
                 h, residual, norm_w, 1e-6, weights[0], silu_gate=silu_gate
             )[0].float()
+
+            def separate(h=h, residual=residual, norm_w=norm_w, weights=weights, gate=silu_gate):
+                for w in weights:  # what the fused kernel replaces: above MAX_ROWS it runs so
+                    x, _ = triton_ops.fused_add_rms_norm(h, residual, norm_w, 1e-6)
+                    y = F.linear(x, w)
+                    if gate:
+                        triton_ops.silu_and_mul(y)
+
+            unfused = _graph_us(separate)
             heuristic = norm_linear_config(rows, silu_gate)
             base = _graph_us(functools.partial(layers, heuristic))
             best = (base, heuristic)
+            # the one-head-a-program tile that a q/k norm + rotary + store epilogue would need
+            widest = base if heuristic.block_n == 128 else float("inf")
             for cfg in _candidates(rows, silu_gate):
                 try:
                     out = norm_linear(h, residual, norm_w, 1e-6, weights[0], silu_gate=silu_gate,
@@ -96,11 +108,14 @@ def sweep(batches: list[int], dev) -> list[dict]:
                     print(f"  M={rows} {cfg}: {type(e).__name__} {str(e)[:80]}")
                     continue
                 best = min(best, (us, cfg), key=lambda t: t[0])
+                if cfg.block_n == 128:
+                    widest = min(widest, us)
             name = "gate/up + SiLU" if silu_gate else "qkv"
             text = ", ".join(f"{f.name}={getattr(best[1], f.name)}"
                              for f in dataclasses.fields(best[1]))  # fmt: skip
-            print(f"| {name} | {rows} | {base / LAYERS:.1f} | {best[0] / LAYERS:.1f} | {text} "
-                  f"| {best[0] / base:.2f} |", flush=True)  # fmt: skip
+            print(f"| {name} | {rows} | {unfused / LAYERS:.1f} | {base / LAYERS:.1f} "
+                  f"| {best[0] / LAYERS:.1f} | {text} | {best[0] / base:.2f} "
+                  f"| {widest / LAYERS:.1f} |", flush=True)  # fmt: skip
             table.append({"silu_gate": silu_gate, "max_rows": rows, **dataclasses.asdict(best[1])})
     return sorted(table, key=lambda e: (e["silu_gate"], e["max_rows"]))
 
