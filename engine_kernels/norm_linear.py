@@ -90,6 +90,56 @@ def norm_linear_config(rows: int, silu_gate: bool) -> NormLinearConfig:
 
 
 @triton.jit
+def add_norm_dot(
+    h_ptr, res_ptr, sum_ptr, g_ptr, w_ptr, rn, rm, M, N, K,
+    stride_h, stride_res, stride_sum, stride_w, second_rows, eps,
+    HAS_RESIDUAL: tl.constexpr, TWO: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """The product of weight rows ``rn`` (and, with ``TWO``, rows ``rn + second_rows``) with
+    ``x = h + residual`` (rows ``rm``), each ``[BLOCK_N, BLOCK_M]`` in fp32, and the norm's
+    ``rstd`` of those rows; the program with ``rn`` starting at 0 writes ``x`` to ``sum_ptr``."""
+    rk = tl.arange(0, BLOCK_K)
+    n_mask = rn < N
+    m_mask = rm < M
+    sum_mask = rm[:, None] < tl.where(tl.min(rn) == 0, M, 0)  # the first column of programs
+    rows = rm[:, None].to(tl.int64)
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_w + rk[None, :]
+    h_ptrs = h_ptr + rows * stride_h + rk[None, :]
+    res_ptrs = res_ptr + rows * stride_res + rk[None, :]
+    sum_ptrs = sum_ptr + rows * stride_sum + rk[None, :]
+    act_dtype = w_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a_mask = m_mask[:, None]
+            w_mask = n_mask[:, None]
+            g_mask = rk < BLOCK_K
+        else:
+            g_mask = rk + k < K
+            a_mask = m_mask[:, None] & g_mask[None, :]
+            w_mask = n_mask[:, None] & g_mask[None, :]
+        x = tl.load(h_ptrs + k, mask=a_mask, other=0.0)
+        if HAS_RESIDUAL:
+            res = tl.load(res_ptrs + k, mask=a_mask, other=0.0)
+            x = (x.to(tl.float32) + res.to(tl.float32)).to(act_dtype)
+            tl.store(sum_ptrs + k, x, mask=a_mask & sum_mask)
+        xf = x.to(tl.float32)
+        squares += tl.sum(xf * xf, axis=1)
+        g = tl.load(g_ptr + k + rk, mask=g_mask, other=0.0).to(tl.float32)
+        a = tl.trans((xf * g[None, :]).to(act_dtype))
+        w = tl.load(w_ptrs + k, mask=w_mask, other=0.0)
+        acc = tl.dot(w, a, acc, input_precision=DOT_PRECISION)
+        if TWO:
+            w2 = tl.load(w_ptrs + second_rows * stride_w + k, mask=w_mask, other=0.0)
+            acc2 = tl.dot(w2, a, acc2, input_precision=DOT_PRECISION)
+    return acc, acc2, tl.math.rsqrt(squares / K + eps)
+
+
+@triton.jit
 def _norm_linear_kernel(
     h_ptr,
     res_ptr,
@@ -117,48 +167,17 @@ def _norm_linear_kernel(
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rk = tl.arange(0, BLOCK_K)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_mask = rn < N
     m_mask = rm < M
-    sum_mask = rm[:, None] < tl.where(pid_n == 0, M, 0)  # the first column of programs writes it
-    rows = rm[:, None].to(tl.int64)
-    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_w + rk[None, :]
-    h_ptrs = h_ptr + rows * stride_h + rk[None, :]
-    res_ptrs = res_ptr + rows * stride_res + rk[None, :]
-    sum_ptrs = sum_ptr + rows * stride_sum + rk[None, :]
     act_dtype = w_ptr.dtype.element_ty
     wait_for_prior_kernel(PDL)
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a_mask = m_mask[:, None]
-            w_mask = n_mask[:, None]
-            g_mask = rk < BLOCK_K
-        else:
-            g_mask = rk + k < K
-            a_mask = m_mask[:, None] & g_mask[None, :]
-            w_mask = n_mask[:, None] & g_mask[None, :]
-        x = tl.load(h_ptrs + k, mask=a_mask, other=0.0)
-        if HAS_RESIDUAL:
-            res = tl.load(res_ptrs + k, mask=a_mask, other=0.0)
-            x = (x.to(tl.float32) + res.to(tl.float32)).to(act_dtype)
-            tl.store(sum_ptrs + k, x, mask=a_mask & sum_mask)
-        xf = x.to(tl.float32)
-        squares += tl.sum(xf * xf, axis=1)
-        g = tl.load(g_ptr + k + rk, mask=g_mask, other=0.0).to(tl.float32)
-        a = tl.trans((xf * g[None, :]).to(act_dtype))
-        w = tl.load(w_ptrs + k, mask=w_mask, other=0.0)
-        acc = tl.dot(w, a, acc, input_precision=DOT_PRECISION)
-        if SILU_GATE:
-            w_up = tl.load(w_ptrs + N * stride_w + k, mask=w_mask, other=0.0)
-            acc_up = tl.dot(w_up, a, acc_up, input_precision=DOT_PRECISION)
-    rstd = tl.math.rsqrt(squares / K + eps)
+    acc, acc_up, rstd = add_norm_dot(
+        h_ptr, res_ptr, sum_ptr, g_ptr, w_ptr, rn, rm, M, N, K,
+        stride_h, stride_res, stride_sum, stride_w, N, eps,
+        HAS_RESIDUAL, SILU_GATE, EVEN_K, DOT_PRECISION, BLOCK_N, BLOCK_M, BLOCK_K,
+    )  # fmt: skip
     y = acc * rstd[None, :]
     if HAS_BIAS:
         y += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
