@@ -127,11 +127,44 @@ def add_rms_norm_linear(
     )
 
 
+def add_rms_norm_qkv_rope_store(
+    h: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    qk_eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _backend(h).add_rms_norm_qkv_rope_store(
+        h, residual, norm_weight, eps, weight, bias, positions, cos_sin_cache, k_cache, v_cache,
+        slot_mapping, num_heads, num_kv_heads, q_norm_weight, k_norm_weight, qk_eps,
+    )  # fmt: skip
+
+
 # The decoder layers with each norm inside the projection after it (``add_rms_norm_linear``) are
 # opt-in (ENGINE_KERNELS_NORM_LINEAR=1) until measured end to end against the layers with the
 # split-K o and down projections (docs/performance.md); the math is the same on the CPU.
+# ENGINE_KERNELS_NORM_LINEAR=rope also runs a decode step's q/k norm, rotary embedding and KV
+# store in the qkv kernel (``add_rms_norm_qkv_rope_store``).
+NORM_LINEAR_OPT_IN = "ENGINE_KERNELS_NORM_LINEAR"
+
+
 def norms_in_projections() -> bool:
-    return os.environ.get("ENGINE_KERNELS_NORM_LINEAR", "0") == "1"
+    return os.environ.get(NORM_LINEAR_OPT_IN, "0") in ("1", "rope")
+
+
+def rope_in_qkv_projection() -> bool:
+    return os.environ.get(NORM_LINEAR_OPT_IN, "0") == "rope"
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -236,6 +269,7 @@ def paged_attention_decode(
 __all__ = [
     "DecodePlan",
     "add_rms_norm_linear",
+    "add_rms_norm_qkv_rope_store",
     "decode_workspace",
     "decode_workspace_numel",
     "fused_add_rms_norm",

@@ -235,6 +235,34 @@ def qk_norm_rope_store(
     return q
 
 
+def add_rms_norm_qkv_rope_store(
+    h: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    qk_eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode step's attention input: ``add_rms_norm_linear`` through the qkv projection, then
+    ``qk_norm_rope_store``. Returns the query ``[T, H, D]`` and the residual stream."""
+    qkv, summed = add_rms_norm_linear(h, residual, norm_weight, eps, weight, bias)
+    q = qk_norm_rope_store(
+        qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads,
+        q_norm_weight, k_norm_weight, qk_eps,
+    )  # fmt: skip
+    return q, summed
+
+
 def _valid_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
     """(the mask of valid slots, or None when all are; the valid slots as int64)."""
     valid = slot_mapping >= 0

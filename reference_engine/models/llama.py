@@ -108,19 +108,14 @@ class Attention(nn.Module):
         fused with the norm before it)."""
         n = qkv.shape[0]
         k_cache, v_cache = kv_cache
-        norms = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
-        eps = 0.0 if self.q_norm is None else self.q_norm.eps
         # A prefill on CUDA may read the stored keys back from qkv (the opt-in TMA path on Hopper).
         keep_k = qkv.is_cuda and not ctx.is_decode and ops.tma_prefill_enabled()
         q = ops.qk_norm_rope_store(
             qkv, positions, rope_cache, k_cache, v_cache, ctx.slot_mapping,
-            self.num_heads, self.num_kv_heads, *norms, eps, keep_k=keep_k,
+            self.num_heads, self.num_kv_heads, *self._qk_norms(), keep_k=keep_k,
         )  # fmt: skip
         if ctx.is_decode:
-            o = ops.paged_attention_decode(
-                q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale,
-                plan=ctx.decode_plan, workspace=ctx.decode_workspace,
-            )  # fmt: skip
+            o = self._decode(q, ctx, kv_cache)
         else:
             d = ctx.num_decode_rows
             # The keys and values just stored, as contiguous rows (TMA reads them on Hopper).
@@ -140,6 +135,37 @@ class Attention(nn.Module):
             )  # fmt: skip
             o = prefill if o is None else o
         return o.reshape(n, self.q_size)
+
+    def decode_from_stream(
+        self,
+        positions: torch.Tensor,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm: RMSNorm,
+        ctx: ForwardContext,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        rope_cache: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step from the residual stream ``residual + h``: ``norm`` and ``qkv_proj``,
+        the q/k norm, rotary embedding and KV store as one op (one kernel on CUDA), then the
+        attention. Returns its output and the stream."""
+        proj = self.qkv_proj
+        q, residual = ops.add_rms_norm_qkv_rope_store(
+            h, residual, norm.weight, norm.eps, proj.weight, proj.bias, positions, rope_cache,
+            *kv_cache, ctx.slot_mapping, self.num_heads, self.num_kv_heads, *self._qk_norms(),
+        )  # fmt: skip
+        return self._decode(q, ctx, kv_cache).reshape(q.shape[0], self.q_size), residual
+
+    def _qk_norms(self) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
+        if self.q_norm is None:
+            return None, None, 0.0
+        return self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
+
+    def _decode(self, q, ctx: ForwardContext, kv_cache) -> torch.Tensor:
+        return ops.paged_attention_decode(
+            q, *kv_cache, ctx.block_tables, ctx.seq_lens, self.scale,
+            plan=ctx.decode_plan, workspace=ctx.decode_workspace,
+        )  # fmt: skip
 
 
 class MLP(nn.Module):
@@ -165,8 +191,13 @@ class DecoderLayer(nn.Module):
         None); each norm runs inside the projection after it. Returns the stream after this
         layer in the same form."""
         attn, mlp = self.self_attn, self.mlp
-        qkv, residual = self.input_layernorm.add_norm_and_project(h, residual, attn.qkv_proj)
-        o = attn(positions, qkv, ctx, kv_cache, rope_cache)
+        if ctx.is_decode and ops.rope_in_qkv_projection():
+            o, residual = attn.decode_from_stream(
+                positions, h, residual, self.input_layernorm, ctx, kv_cache, rope_cache
+            )
+        else:
+            qkv, residual = self.input_layernorm.add_norm_and_project(h, residual, attn.qkv_proj)
+            o = attn(positions, qkv, ctx, kv_cache, rope_cache)
         act, residual = self.post_attention_layernorm.add_norm_and_project(
             attn.o_proj(o), residual, mlp.gate_up_proj, silu_gate=True
         )
