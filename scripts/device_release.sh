@@ -108,7 +108,10 @@ for name in $STEPS; do
         continue
       fi
       ab decode_ab "REFERENCE_ENGINE_DECODE_CONFIG=$variant" ;;
-    env_ab) for assignment in ${AB_ENVS:-}; do ab "env_ab_${assignment%%=*}" "$assignment"; done ;;
+    # Each A/B runs with the winners before it: AB_ENVS="V=1 V=2" tries 2 against 1 if 1 won.
+    env_ab) for assignment in ${AB_ENVS:-}; do
+        ab "env_ab_$(tr -c 'A-Za-z0-9_\n' _ <<< "$assignment")" "$assignment"
+      done ;;
     chain) TAIL=14 step chain 240 python3 scripts/diag_decode_chain.py \
       ${CHAIN_VARIANTS:+--variants "$CHAIN_VARIANTS"} ;;
     read_rate) TAIL=10 step read_rate 90 python3 scripts/diag_read_rate.py ;;

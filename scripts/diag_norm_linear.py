@@ -7,7 +7,9 @@ Part one sweeps each fused kernel's launches (qkv: N = 4096; gate/up + SiLU: N =
 run them (weights from HBM, not L2), and writes the best per batch size as a table that
 ENGINE_KERNELS_NORM_LINEAR_CONFIG takes (``--table``). Part two times a decode step's 28 layers
 without the attention (the same in both), before and after, each as one CUDA graph, with that
-table, and checks that both give the same residual stream within rounding.
+table, and a third way with the q/k norm, rotary embedding and KV store inside the qkv kernel
+too (engine_kernels/norm_qkv_rope_store.py; ENGINE_KERNELS_NORM_LINEAR=rope in the engine), and
+checks that all give the same residual stream and query within rounding.
 
     python scripts/diag_norm_linear.py [--table norm_linear.json] [--batches 256,64,8]
 """
@@ -36,9 +38,11 @@ from engine_kernels.norm_linear import (  # noqa: E402
     norm_linear_config,
     num_warps_for,
 )
+from reference_engine.models.rope import cos_sin_cache as reference_rope  # noqa: E402
 from scripts.diag_decode_workload import graph_ms  # noqa: E402
 
 HIDDEN, INTER, QKV, ATTN = 1024, 3072, 4096, 2048
+HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
 BATCHES = (256, 192, 128, 96, 64, 32, 16, 8, 1)
 LAYERS = 28
 BF16 = torch.bfloat16
@@ -126,50 +130,100 @@ def _weights(dev):
             for _ in range(LAYERS)]  # fmt: skip
 
 
-def _before(embed, attn, weights, norms) -> torch.Tensor:
-    """The layers as they were, without the attention; returns the residual stream."""
+@dataclasses.dataclass
+class AttnInput:
+    """What a decode step's attention input side needs besides qkv: Qwen3-0.6B's heads, the
+    rotary cache, one layer's KV cache (every layer writes to it here), slots, q/k norms."""
+
+    positions: torch.Tensor
+    rope: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slots: torch.Tensor
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+
+    @classmethod
+    def make(cls, rows: int, dev) -> AttnInput:
+        blocks = rows + 8  # one token a sequence, each in its own 16-slot block
+        cache = (torch.zeros(blocks, 16, KV_HEADS, HEAD_DIM, dtype=BF16, device=dev) for _ in "kv")
+        return cls(
+            torch.randint(0, 4096, (rows,), device=dev),
+            reference_rope(HEAD_DIM, 4096, 1e6, None).to(dev),
+            *cache,
+            torch.randperm(blocks, device=dev)[:rows] * 16,
+            *(torch.rand(HEAD_DIM, dtype=BF16, device=dev) + 0.5 for _ in "qk"),
+        )
+
+    def args(self) -> tuple:
+        return (self.positions, self.rope, self.k_cache, self.v_cache, self.slots, HEADS,
+                KV_HEADS)  # fmt: skip
+
+    def store(self, qkv: torch.Tensor) -> torch.Tensor:
+        return triton_ops.qk_norm_rope_store(qkv, *self.args(), self.q_norm, self.k_norm, 1e-6)
+
+
+def _before(embed, attn, weights, norms, side: AttnInput):
+    """The layers as they were, without the attention; returns the residual stream and the last
+    layer's query."""
     residual = embed
     x = triton_ops.rms_norm(residual, norms[0], 1e-6)
     for i, (w_qkv, w_o, w_gu, w_down) in enumerate(weights):
-        F.linear(x, w_qkv)
+        q = side.store(F.linear(x, w_qkv))
         x, residual = triton_ops.projection_add_rms_norm(
             attn, w_o, residual, norms[2 * i + 1], 1e-6
         )
         x, residual = triton_ops.projection_add_rms_norm(
             F.linear(x, w_gu), w_down, residual, norms[2 * i + 2], 1e-6, silu_gate=True
         )
-    return residual
+    return residual, q
 
 
-def _after(embed, attn, weights, norms) -> torch.Tensor:
-    """The layers with the norms inside the projections, without the attention."""
+def _after(embed, attn, weights, norms, side: AttnInput, rope_too: bool = False):
+    """The layers with the norms inside the projections (and with ``rope_too`` the attention's
+    input side inside the qkv kernel), without the attention."""
     h, residual = embed, None
     for i, (w_qkv, w_o, w_gu, w_down) in enumerate(weights):
-        residual = triton_ops.add_rms_norm_linear(h, residual, norms[2 * i], 1e-6, w_qkv)[1]
+        if rope_too:
+            q, residual = triton_ops.add_rms_norm_qkv_rope_store(
+                h, residual, norms[2 * i], 1e-6, w_qkv, None, *side.args(), side.q_norm,
+                side.k_norm, 1e-6,
+            )  # fmt: skip
+        else:
+            qkv, residual = triton_ops.add_rms_norm_linear(h, residual, norms[2 * i], 1e-6, w_qkv)
+            q = side.store(qkv)
         act, residual = triton_ops.add_rms_norm_linear(
             F.linear(attn, w_o), residual, norms[2 * i + 1], 1e-6, w_gu, silu_gate=True
         )
         h = F.linear(act, w_down)
-    return triton_ops.fused_add_rms_norm(h, residual, norms[-1], 1e-6)[1]
+    return triton_ops.fused_add_rms_norm(h, residual, norms[-1], 1e-6)[1], q
+
+
+def _error(got: tuple, ref: tuple) -> float:
+    """The larger relative error of the residual stream and the last query."""
+    return max(((g.float() - r.float()).norm() / r.float().norm()).item() for g, r in zip(got, ref))
 
 
 def chains(batches: list[int], dev) -> None:
     """Part two: 28 layers without the attention, before and after, each one CUDA graph."""
     weights = _weights(dev)
     norms = [torch.rand(HIDDEN, dtype=BF16, device=dev) + 0.5 for _ in range(2 * LAYERS + 1)]
-    print("\n| M | before us per step | after us per step | after / before | residual error |")
-    print("|---:|---:|---:|---:|---:|")
+    print("\n| M | before us per step | after us per step | after / before "
+          "| after, q/k norm + rotary + store in qkv too | / before | error |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for rows in batches:
         embed = torch.randn(rows, HIDDEN, dtype=BF16, device=dev)
         attn = torch.randn(rows, ATTN, dtype=BF16, device=dev) * 0.1  # the attention's output
-        before = functools.partial(_before, embed, attn, weights, norms)
-        after = functools.partial(_after, embed, attn, weights, norms)
-        t_before, t_after = _graph_us(before), _graph_us(after)
-        ref, got = before().float(), after().float()
-        err = ((got - ref).norm() / ref.norm()).item()
+        side = AttnInput.make(rows, dev)
+        before = functools.partial(_before, embed, attn, weights, norms, side)
+        after = functools.partial(_after, embed, attn, weights, norms, side)
+        rope_too = functools.partial(_after, embed, attn, weights, norms, side, True)
+        t_before, t_after, t_rope = _graph_us(before), _graph_us(after), _graph_us(rope_too)
+        ref = before()
+        err = max(_error(after(), ref), _error(rope_too(), ref))
         print(f"| {rows} | {t_before:.0f} | {t_after:.0f} | {t_after / t_before:.2f} "
-              f"| {err:.1e} |", flush=True)  # fmt: skip
-        assert err < 5e-2, f"M={rows}: the two orders disagree beyond rounding ({err:.2e})"
+              f"| {t_rope:.0f} | {t_rope / t_before:.2f} | {err:.1e} |", flush=True)  # fmt: skip
+        assert err < 5e-2, f"M={rows}: the orders disagree beyond rounding ({err:.2e})"
 
 
 def main() -> None:
