@@ -24,6 +24,11 @@ and ignored by the reference:
 - ``add_rms_norm_linear(h, residual, norm_weight, eps, weight, bias=None, *, silu_gate=False)``:
   a layer's residual add + RMSNorm and the projection after it (qkv, or gate/up with the
   SiLU-and-mul after it), one kernel on CUDA up to 256 rows (``norm_linear.py``).
+- ``add_rms_norm_qkv_rope_store(h, residual, norm_weight, eps, weight, bias, positions,
+  cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads, q_norm_weight=None,
+  k_norm_weight=None, qk_eps=1e-6)``: that op for the qkv projection, then
+  ``qk_norm_rope_store``; returns the query and the residual stream. One kernel on CUDA up to
+  256 rows (``norm_qkv_rope_store.py``); for decode steps only (a prefill reads ``qkv`` back).
 - ``paged_attention_prefill(..., max_query_len=None, out=None, k_new=None, v_new=None,
   max_prefix_len=None)``: pass the step's longest query run (the scheduler knows it) to avoid
   the one host sync that computes it; pass the step's new keys and values as
