@@ -22,6 +22,7 @@ import triton.language as tl
 
 from engine_kernels.norm_linear import (
     MAX_ROWS,
+    NormLinearConfig,
     _rows,
     add_norm_dot,
     add_rms_norm_linear,
@@ -100,9 +101,12 @@ def _norm_qkv_rope_store_kernel(
         tl.store(dst + HALF, x2.to(cache_dtype), mask=valid)
 
 
-def block_m_for(rows: int) -> int:
-    """The batch tile: the rows rounded up to a power of two, 16 to 64."""
-    return min(max(triton.next_power_of_2(rows), 16), 64)
+def launch_for(rows: int, head_dim: int) -> NormLinearConfig:
+    """The default launch: a batch tile of the rows rounded up to a power of two (16 to 64);
+    ``block_n`` is the half head each accumulator holds."""
+    half = head_dim // 2
+    block_m = min(max(triton.next_power_of_2(rows), 16), 64)
+    return NormLinearConfig(half, block_m, 64, num_warps_for(half, block_m, True), 3)
 
 
 def add_rms_norm_qkv_rope_store(
@@ -123,10 +127,10 @@ def add_rms_norm_qkv_rope_store(
     k_norm_weight: torch.Tensor | None = None,
     qk_eps: float = 1e-6,
     *,
-    block_m: int | None = None,
+    config: NormLinearConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton twin of ``reference.add_rms_norm_qkv_rope_store``: one kernel up to ``MAX_ROWS``
-    rows (``block_m`` overrides its batch tile), above it ``add_rms_norm_linear``'s composition
+    rows (``config`` overrides its launch), above it ``add_rms_norm_linear``'s composition
     and ``qk_norm_rope_store``."""
     rows = h.numel() // h.shape[-1]
     head_dim = k_cache.shape[-1]
@@ -151,8 +155,9 @@ def add_rms_norm_qkv_rope_store(
     sum2 = h2 if residual is None else summed.view(-1, k)
     if m == 0:
         return q_out, summed
-    bm = block_m or block_m_for(m)
-    grid = (num_heads + 2 * num_kv_heads, triton.cdiv(m, bm))
+    cfg = config or launch_for(m, head_dim)
+    assert cfg.block_n == half, f"a program's accumulators are half heads ({half} rows): {cfg}"
+    grid = (num_heads + 2 * num_kv_heads, triton.cdiv(m, cfg.block_m))
     _norm_qkv_rope_store_kernel[grid](
         h2, res2, norm_weight.contiguous(), weight, weight if bias is None else bias, sum2,
         positions, cos_sin_cache, slot_mapping, q_out, k_cache, v_cache,
@@ -163,8 +168,8 @@ def add_rms_norm_qkv_rope_store(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         num_heads, num_kv_heads, k_cache.shape[1], eps, qk_eps,
         HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, HAS_QK_NORM=has_norm,
-        EVEN_K=k % 64 == 0, DOT_PRECISION="ieee" if h.dtype == torch.float32 else "tf32",
-        HALF=half, BLOCK_M=bm, BLOCK_K=64, num_warps=num_warps_for(half, bm, True),
-        num_stages=3, **pdl_launch(q_out),
+        EVEN_K=k % cfg.block_k == 0, DOT_PRECISION="ieee" if h.dtype == torch.float32 else "tf32",
+        HALF=half, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **pdl_launch(q_out),
     )  # fmt: skip
     return q_out, summed

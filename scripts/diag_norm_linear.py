@@ -38,6 +38,7 @@ from engine_kernels.norm_linear import (  # noqa: E402
     norm_linear_config,
     num_warps_for,
 )
+from engine_kernels.norm_qkv_rope_store import launch_for  # noqa: E402
 from reference_engine.models.rope import cos_sin_cache as reference_rope  # noqa: E402
 from scripts.diag_decode_workload import graph_ms  # noqa: E402
 
@@ -122,6 +123,63 @@ def sweep(batches: list[int], dev) -> list[dict]:
                   f"| {widest / LAYERS:.1f} |", flush=True)  # fmt: skip
             table.append({"silu_gate": silu_gate, "max_rows": rows, **dataclasses.asdict(best[1])})
     return sorted(table, key=lambda e: (e["silu_gate"], e["max_rows"]))
+
+
+def sweep_rope(batches: list[int], dev) -> None:
+    """Part one and a half: the qkv kernel with the attention's input side inside it
+    (engine_kernels/norm_qkv_rope_store.py), its launches per batch size, against the qkv
+    kernel followed by the q/k norm + rotary + store kernel (what it replaces)."""
+    print("\n| M | qkv kernel + rope kernel us | one kernel, default us | best us "
+          "| its configuration | best / two kernels |")  # fmt: skip
+    print("|---:|---:|---:|---:|---|---:|")
+    weights = [torch.randn(QKV, HIDDEN, dtype=BF16, device=dev) * HIDDEN**-0.5
+               for _ in range(LAYERS)]  # fmt: skip
+    norm_w = torch.rand(HIDDEN, dtype=BF16, device=dev) + 0.5
+    for rows in batches:
+        h = torch.randn(rows, HIDDEN, dtype=BF16, device=dev)
+        residual = torch.randn(rows, HIDDEN, dtype=BF16, device=dev)
+        side = AttnInput.make(rows, dev)
+
+        def two(h=h, residual=residual, side=side):
+            for w in weights:
+                side.store(norm_linear(h, residual, norm_w, 1e-6, w)[0])
+
+        def one(cfg, h=h, residual=residual, side=side):
+            for w in weights:
+                triton_ops.add_rms_norm_qkv_rope_store(
+                    h, residual, norm_w, 1e-6, w, None, *side.args(), side.q_norm, side.k_norm,
+                    1e-6, config=cfg,
+                )  # fmt: skip
+
+        ref = side.store(norm_linear(h, residual, norm_w, 1e-6, weights[-1])[0])
+        t_two = _graph_us(two)
+        default = launch_for(rows, HEAD_DIM)
+        best = (_graph_us(functools.partial(one, default)), default)
+        t_default = best[0]
+        top = max(16, triton.next_power_of_2(rows))
+        for block_m in (16, 32, 64):
+            if block_m > top or block_m * 4 < top:
+                continue
+            for block_k, stages in ((64, 3), (64, 4), (64, 6), (128, 3)):
+                warps = num_warps_for(HEAD_DIM // 2, block_m, True)
+                cfg = NormLinearConfig(HEAD_DIM // 2, block_m, block_k, warps, stages)
+                try:
+                    q = triton_ops.add_rms_norm_qkv_rope_store(
+                        h, residual, norm_w, 1e-6, weights[-1], None, *side.args(),
+                        side.q_norm, side.k_norm, 1e-6, config=cfg,
+                    )[0]  # fmt: skip
+                    err = ((q.float() - ref.float()).norm() / ref.float().norm()).item()
+                    assert err < 2e-2, f"relative error {err:.3g}"
+                    us = _graph_us(functools.partial(one, cfg))
+                except Exception as e:  # noqa: BLE001 (a launch that does not fit: skip it)
+                    print(f"  M={rows} {cfg}: {type(e).__name__} {str(e)[:80]}")
+                    continue
+                best = min(best, (us, cfg), key=lambda t: t[0])
+        text = ", ".join(f"{f.name}={getattr(best[1], f.name)}"
+                         for f in dataclasses.fields(best[1]))  # fmt: skip
+        print(f"| {rows} | {t_two / LAYERS:.1f} | {t_default / LAYERS:.1f} "
+              f"| {best[0] / LAYERS:.1f} | {text} | {best[0] / t_two:.2f} |",
+              flush=True)  # fmt: skip
 
 
 def _weights(dev):
@@ -240,6 +298,7 @@ def main() -> None:
         Path(args.table).write_text(json.dumps(table))
         print(f"table of {len(table)} launches written to {args.table}")
     os.environ[CONFIG_OVERRIDE] = json.dumps(table)
+    sweep_rope(batches, dev)
     chains(batches, dev)
 
 

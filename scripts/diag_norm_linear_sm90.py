@@ -24,11 +24,10 @@ from triton.compiler import ASTSource  # noqa: E402
 from engine_kernels.norm_linear import (  # noqa: E402
     _norm_linear_kernel,
     norm_linear_config,
-    num_warps_for,
 )
 from engine_kernels.norm_qkv_rope_store import (  # noqa: E402
     _norm_qkv_rope_store_kernel,
-    block_m_for,
+    launch_for,
 )
 from scripts.diag_prefill_sm90 import resources  # noqa: E402
 
@@ -74,15 +73,16 @@ def compile_default(rows: int, silu_gate: bool):
 def compile_rope(rows: int):
     """The qkv kernel with the attention's input side, as a decode step of Qwen3-0.6B launches
     it (head_dim 128, q/k norm)."""
-    block_m = block_m_for(rows)
+    cfg = launch_for(rows, 128)
     signature = {**ROPE_POINTERS, **dict.fromkeys(ROPE_INTS, "i32"), "eps": "fp32",
                  "qk_eps": "fp32"}  # fmt: skip
     constants = {"HAS_RESIDUAL": True, "HAS_BIAS": False, "HAS_QK_NORM": True, "EVEN_K": True,
-                 "DOT_PRECISION": "tf32", "HALF": 64, "BLOCK_M": block_m, "BLOCK_K": 64,
-                 "PDL": True}  # fmt: skip
-    warps = num_warps_for(64, block_m, True)
-    launch = f"block_m={block_m}, num_warps={warps}"
-    return launch, _compile(_norm_qkv_rope_store_kernel, signature, constants, warps, 3)
+                 "DOT_PRECISION": "tf32", "HALF": cfg.block_n, "BLOCK_M": cfg.block_m,
+                 "BLOCK_K": cfg.block_k, "PDL": True}  # fmt: skip
+    launch = f"block_m={cfg.block_m}, num_warps={cfg.num_warps}"
+    return launch, _compile(
+        _norm_qkv_rope_store_kernel, signature, constants, cfg.num_warps, cfg.num_stages
+    )
 
 
 def main() -> None:

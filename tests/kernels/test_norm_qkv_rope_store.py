@@ -12,13 +12,13 @@ from tests.kernels.test_rotary import cos_sin_cache
 
 PAGE = 16
 
-# (rows, heads, kv_heads, head_dim, hidden, block_m): one batch tile and several, rows not a
-# multiple of it, hidden not a multiple of the 64-deep K block, grouped and one-to-one heads.
+# (rows, heads, kv_heads, head_dim, hidden, (block_m, block_k)): one batch tile and several,
+# rows not a multiple of it, hidden not a multiple of the K block, grouped and one-to-one heads.
 CASES = [
     (1, 4, 2, 32, 64, None),
     (5, 2, 1, 64, 96, None),
-    (37, 4, 4, 32, 128, 16),
-    (20, 6, 2, 32, 80, 16),
+    (37, 4, 4, 32, 128, (16, 64)),
+    (20, 6, 2, 32, 80, (16, 32)),
 ] + ([(256, 16, 8, 128, 1024, None), (48, 14, 2, 64, 896, None)] if ON_GPU else [])
 
 
@@ -42,8 +42,14 @@ def _inputs(rows, heads, kv_heads, head_dim, hidden, dtype, device, *, bias, nor
     return h, residual, norm_w, w, b, qk_norms, positions, slots, *caches
 
 
+def _config(launch: tuple[int, int] | None, head_dim: int):
+    from engine_kernels.norm_linear import NormLinearConfig
+
+    return None if launch is None else NormLinearConfig(head_dim // 2, *launch, num_warps=4)
+
+
 def _both(tops, dtype, device, rows, heads, kv_heads, head_dim, hidden, *, with_residual=True,
-          block_m=None, bias=False, norm=True, padded=False):  # fmt: skip
+          launch=None, bias=False, norm=True, padded=False):  # fmt: skip
     """(the kernel's query, stream, k and v caches; the reference's)."""
     h, residual, norm_w, w, b, qk_norms, pos, slots, k_cache, v_cache = _inputs(
         rows, heads, kv_heads, head_dim, hidden, dtype, device,
@@ -58,7 +64,7 @@ def _both(tops, dtype, device, rows, heads, kv_heads, head_dim, hidden, *, with_
     )  # fmt: skip
     q, summed = tops.add_rms_norm_qkv_rope_store(
         h, residual, norm_w, 1e-6, w, b, pos, cache, k_cache, v_cache, slots, heads, kv_heads,
-        *qk_norms, 1e-5, block_m=block_m,
+        *qk_norms, 1e-5, config=_config(launch, head_dim),
     )  # fmt: skip
     return (q, summed, k_cache, v_cache), (q_ref, sum_ref, k_ref, v_ref)
 
@@ -66,13 +72,13 @@ def _both(tops, dtype, device, rows, heads, kv_heads, head_dim, hidden, *, with_
 @pytest.mark.parametrize("padded", [False, True], ids=["all_slots", "padding"])
 @pytest.mark.parametrize("norm", [True, False], ids=["qk_norm", "no_norm"])
 @pytest.mark.parametrize("bias", [False, True], ids=["", "bias"])
-@pytest.mark.parametrize(("rows", "heads", "kv_heads", "head_dim", "hidden", "block_m"), CASES)
+@pytest.mark.parametrize(("rows", "heads", "kv_heads", "head_dim", "hidden", "launch"), CASES)
 def test_equals_the_separate_ops(
-    tops, dtype, device, rows, heads, kv_heads, head_dim, hidden, block_m, bias, norm, padded
+    tops, dtype, device, rows, heads, kv_heads, head_dim, hidden, launch, bias, norm, padded
 ):
     got, ref = _both(
         tops, dtype, device, rows, heads, kv_heads, head_dim, hidden,
-        block_m=block_m, bias=bias, norm=norm, padded=padded,
+        launch=launch, bias=bias, norm=norm, padded=padded,
     )  # fmt: skip
     q, summed, k_cache, v_cache = got
     q_ref, sum_ref, k_ref, v_ref = ref
@@ -87,7 +93,7 @@ def test_equals_the_separate_ops(
 
 def test_without_a_residual_the_stream_is_the_input(tops, dtype, device):
     (q, summed, k_cache, _), (q_ref, _, k_ref, _) = _both(
-        tops, dtype, device, 7, 4, 2, 32, 96, with_residual=False, block_m=16
+        tops, dtype, device, 7, 4, 2, 32, 96, with_residual=False, launch=(16, 32)
     )
     assert_close(q, q_ref, dtype)
     assert_close(k_cache, k_ref, dtype)
