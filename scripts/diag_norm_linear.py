@@ -67,6 +67,25 @@ def _candidates(rows: int, silu_gate: bool) -> list[NormLinearConfig]:
     return out
 
 
+def _timings(rows: int, candidates, once, timed, ref: torch.Tensor) -> dict:
+    """``{launch: us}`` for each candidate whose output ``once(cfg)`` is ``ref`` within bf16
+    rounding, timed by ``timed(cfg)``; a launch that fails or is wrong is reported and left out."""
+    out = {}
+    for cfg in candidates:
+        try:
+            got = once(cfg).float()
+            err = ((got - ref.float()).norm() / ref.float().norm()).item()
+            assert err < 2e-2, f"relative error {err:.3g}"
+            out[cfg] = timed(cfg)
+        except Exception as e:  # noqa: BLE001 (a launch that does not fit: skip it)
+            print(f"  M={rows} {cfg}: {type(e).__name__} {str(e)[:80]}")
+    return out
+
+
+def _text(cfg: NormLinearConfig) -> str:
+    return ", ".join(f"{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg))
+
+
 def sweep(batches: list[int], dev) -> list[dict]:
     """Part one: the best launch per kernel and batch size, as table entries."""
     print("| kernel | M | separate kernels us | heuristic us | best us | its configuration "
@@ -99,27 +118,19 @@ def sweep(batches: list[int], dev) -> list[dict]:
             unfused = _graph_us(separate)
             heuristic = norm_linear_config(rows, silu_gate)
             base = _graph_us(functools.partial(layers, heuristic))
-            best = (base, heuristic)
+            times = _timings(
+                rows, _candidates(rows, silu_gate),
+                lambda cfg, h=h, residual=residual, w=weights[0], norm_w=norm_w, g=silu_gate:
+                    norm_linear(h, residual, norm_w, 1e-6, w, silu_gate=g, config=cfg)[0],
+                lambda cfg, layers=layers: _graph_us(functools.partial(layers, cfg)), ref,
+            )  # fmt: skip
+            best = min([(base, heuristic), *((us, cfg) for cfg, us in times.items())],
+                       key=lambda t: t[0])  # fmt: skip
             # the one-head-a-program tile that a q/k norm + rotary + store epilogue would need
-            widest = base if heuristic.block_n == 128 else float("inf")
-            for cfg in _candidates(rows, silu_gate):
-                try:
-                    out = norm_linear(h, residual, norm_w, 1e-6, weights[0], silu_gate=silu_gate,
-                                      config=cfg)[0].float()  # fmt: skip
-                    err = ((out - ref).norm() / ref.norm()).item()
-                    assert err < 2e-2, f"relative error {err:.3g}"
-                    us = _graph_us(functools.partial(layers, cfg))
-                except Exception as e:  # noqa: BLE001 (a launch that does not fit: skip it)
-                    print(f"  M={rows} {cfg}: {type(e).__name__} {str(e)[:80]}")
-                    continue
-                best = min(best, (us, cfg), key=lambda t: t[0])
-                if cfg.block_n == 128:
-                    widest = min(widest, us)
+            widest = min([us for cfg, us in times.items() if cfg.block_n == 128], default=base)
             name = "gate/up + SiLU" if silu_gate else "qkv"
-            text = ", ".join(f"{f.name}={getattr(best[1], f.name)}"
-                             for f in dataclasses.fields(best[1]))  # fmt: skip
             print(f"| {name} | {rows} | {unfused / LAYERS:.1f} | {base / LAYERS:.1f} "
-                  f"| {best[0] / LAYERS:.1f} | {text} | {best[0] / base:.2f} "
+                  f"| {best[0] / LAYERS:.1f} | {_text(best[1])} | {best[0] / base:.2f} "
                   f"| {widest / LAYERS:.1f} |", flush=True)  # fmt: skip
             table.append({"silu_gate": silu_gate, "max_rows": rows, **dataclasses.asdict(best[1])})
     return sorted(table, key=lambda e: (e["silu_gate"], e["max_rows"]))
@@ -154,31 +165,27 @@ def sweep_rope(batches: list[int], dev) -> None:
         ref = side.store(norm_linear(h, residual, norm_w, 1e-6, weights[-1])[0])
         t_two = _graph_us(two)
         default = launch_for(rows, HEAD_DIM)
-        best = (_graph_us(functools.partial(one, default)), default)
-        t_default = best[0]
+        t_default = _graph_us(functools.partial(one, default))
         top = max(16, triton.next_power_of_2(rows))
-        for block_m in (16, 32, 64):
-            if block_m > top or block_m * 4 < top:
-                continue
-            for block_k, stages in ((64, 3), (64, 4), (64, 6), (128, 3)):
-                warps = num_warps_for(HEAD_DIM // 2, block_m, True)
-                cfg = NormLinearConfig(HEAD_DIM // 2, block_m, block_k, warps, stages)
-                try:
-                    q = triton_ops.add_rms_norm_qkv_rope_store(
-                        h, residual, norm_w, 1e-6, weights[-1], None, *side.args(),
-                        side.q_norm, side.k_norm, 1e-6, config=cfg,
-                    )[0]  # fmt: skip
-                    err = ((q.float() - ref.float()).norm() / ref.float().norm()).item()
-                    assert err < 2e-2, f"relative error {err:.3g}"
-                    us = _graph_us(functools.partial(one, cfg))
-                except Exception as e:  # noqa: BLE001 (a launch that does not fit: skip it)
-                    print(f"  M={rows} {cfg}: {type(e).__name__} {str(e)[:80]}")
-                    continue
-                best = min(best, (us, cfg), key=lambda t: t[0])
-        text = ", ".join(f"{f.name}={getattr(best[1], f.name)}"
-                         for f in dataclasses.fields(best[1]))  # fmt: skip
+        candidates = [
+            NormLinearConfig(HEAD_DIM // 2, block_m, block_k,
+                             num_warps_for(HEAD_DIM // 2, block_m, True), stages)
+            for block_m in (16, 32, 64) if block_m <= top and block_m * 4 >= top
+            for block_k, stages in ((64, 3), (64, 4), (64, 6), (128, 3))
+        ]  # fmt: skip
+        times = _timings(
+            rows, candidates,
+            lambda cfg, h=h, residual=residual, side=side:
+                triton_ops.add_rms_norm_qkv_rope_store(
+                    h, residual, norm_w, 1e-6, weights[-1], None, *side.args(), side.q_norm,
+                    side.k_norm, 1e-6, config=cfg,
+                )[0],
+            lambda cfg, one=one: _graph_us(functools.partial(one, cfg)), ref,
+        )  # fmt: skip
+        best = min([(t_default, default), *((us, cfg) for cfg, us in times.items())],
+                   key=lambda t: t[0])  # fmt: skip
         print(f"| {rows} | {t_two / LAYERS:.1f} | {t_default / LAYERS:.1f} "
-              f"| {best[0] / LAYERS:.1f} | {text} | {best[0] / t_two:.2f} |",
+              f"| {best[0] / LAYERS:.1f} | {_text(best[1])} | {best[0] / t_two:.2f} |",
               flush=True)  # fmt: skip
 
 
