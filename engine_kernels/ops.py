@@ -21,14 +21,6 @@ and ignored by the reference:
 - ``projection_add_rms_norm(x, weight, residual, norm_weight, eps, *, silu_gate=False)``: a
   layer's o or down projection with the residual add + RMSNorm after it (and for down the
   SiLU-and-mul before it), split-K on CUDA where measured faster (``linear_split_k.py``).
-- ``add_rms_norm_linear(h, residual, norm_weight, eps, weight, bias=None, *, silu_gate=False)``:
-  a layer's residual add + RMSNorm and the projection after it (qkv, or gate/up with the
-  SiLU-and-mul after it), one kernel on CUDA up to 256 rows (``norm_linear.py``).
-- ``add_rms_norm_qkv_rope_store(h, residual, norm_weight, eps, weight, bias, positions,
-  cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads, q_norm_weight=None,
-  k_norm_weight=None, qk_eps=1e-6)``: that op for the qkv projection, then
-  ``qk_norm_rope_store``; returns the query and the residual stream. One kernel on CUDA up to
-  256 rows (``norm_qkv_rope_store.py``); for decode steps only (a prefill reads ``qkv`` back).
 - ``paged_attention_prefill(..., max_query_len=None, out=None, k_new=None, v_new=None,
   max_prefix_len=None)``: pass the step's longest query run (the scheduler knows it) to avoid
   the one host sync that computes it; pass the step's new keys and values as
@@ -115,61 +107,6 @@ def projection_add_rms_norm(
     return _backend(x).projection_add_rms_norm(
         x, weight, residual, norm_weight, eps, silu_gate=silu_gate
     )
-
-
-def add_rms_norm_linear(
-    h: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    silu_gate: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _backend(h).add_rms_norm_linear(
-        h, residual, norm_weight, eps, weight, bias, silu_gate=silu_gate
-    )
-
-
-def add_rms_norm_qkv_rope_store(
-    h: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    q_norm_weight: torch.Tensor | None = None,
-    k_norm_weight: torch.Tensor | None = None,
-    qk_eps: float = 1e-6,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _backend(h).add_rms_norm_qkv_rope_store(
-        h, residual, norm_weight, eps, weight, bias, positions, cos_sin_cache, k_cache, v_cache,
-        slot_mapping, num_heads, num_kv_heads, q_norm_weight, k_norm_weight, qk_eps,
-    )  # fmt: skip
-
-
-# The decoder layers with each norm inside the projection after it (``add_rms_norm_linear``) are
-# opt-in (ENGINE_KERNELS_NORM_LINEAR=1) until measured end to end against the layers with the
-# split-K o and down projections (docs/performance.md); the math is the same on the CPU.
-# ENGINE_KERNELS_NORM_LINEAR=rope also runs a decode step's q/k norm, rotary embedding and KV
-# store in the qkv kernel (``add_rms_norm_qkv_rope_store``).
-NORM_LINEAR_OPT_IN = "ENGINE_KERNELS_NORM_LINEAR"
-
-
-def norms_in_projections() -> bool:
-    return os.environ.get(NORM_LINEAR_OPT_IN, "0") in ("1", "rope")
-
-
-def rope_in_qkv_projection() -> bool:
-    return os.environ.get(NORM_LINEAR_OPT_IN, "0") == "rope"
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -273,8 +210,6 @@ def paged_attention_decode(
 
 __all__ = [
     "DecodePlan",
-    "add_rms_norm_linear",
-    "add_rms_norm_qkv_rope_store",
     "decode_workspace",
     "decode_workspace_numel",
     "fused_add_rms_norm",

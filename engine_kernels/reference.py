@@ -102,28 +102,6 @@ def projection_add_rms_norm(
     return fused_add_rms_norm(F.linear(h, weight), residual, norm_weight, eps)
 
 
-def add_rms_norm_linear(
-    h: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    silu_gate: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The residual add + RMSNorm before a projection, and the projection (then
-    ``silu_and_mul`` with ``silu_gate``): a decoder layer's input norm and qkv projection, or its
-    post-attention norm and gate/up projection. Returns the projection's output and the residual
-    stream ``h + residual`` (``h`` itself without a residual: the embeddings, before layer 0)."""
-    if residual is None:
-        x, summed = rms_norm(h, norm_weight, eps), h
-    else:
-        x, summed = fused_add_rms_norm(h, residual, norm_weight, eps)
-    y = F.linear(x, weight, bias)
-    return (silu_and_mul(y) if silu_gate else y), summed
-
-
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` for ``x`` of last dim ``2d``."""
     gate, up = x.chunk(2, dim=-1)
@@ -233,34 +211,6 @@ def qk_norm_rope_store(
     if keep_k:
         qkv[:, q_size : q_size + kv_size] = k.reshape(tokens, kv_size)
     return q
-
-
-def add_rms_norm_qkv_rope_store(
-    h: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    q_norm_weight: torch.Tensor | None = None,
-    k_norm_weight: torch.Tensor | None = None,
-    qk_eps: float = 1e-6,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A decode step's attention input: ``add_rms_norm_linear`` through the qkv projection, then
-    ``qk_norm_rope_store``. Returns the query ``[T, H, D]`` and the residual stream."""
-    qkv, summed = add_rms_norm_linear(h, residual, norm_weight, eps, weight, bias)
-    q = qk_norm_rope_store(
-        qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads,
-        q_norm_weight, k_norm_weight, qk_eps,
-    )  # fmt: skip
-    return q, summed
 
 
 def _valid_slots(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:

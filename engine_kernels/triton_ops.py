@@ -12,8 +12,6 @@ from engine_kernels.decode_split import decode_workspace, decode_workspace_numel
 from engine_kernels.interpreter_compat import patch_interpreter_index
 from engine_kernels.kv_cache import store_kvcache
 from engine_kernels.linear_split_k import projection_add_rms_norm
-from engine_kernels.norm_linear import add_rms_norm_linear
-from engine_kernels.norm_qkv_rope_store import add_rms_norm_qkv_rope_store
 from engine_kernels.paged_attention_decode import paged_attention_decode
 from engine_kernels.paged_attention_prefill import paged_attention_prefill
 from engine_kernels.qk_norm_rope_store import qk_norm_rope_store
@@ -26,8 +24,6 @@ if INTERPRETED:
 
 __all__ = [
     "INTERPRETED",
-    "add_rms_norm_linear",
-    "add_rms_norm_qkv_rope_store",
     "decode_workspace",
     "decode_workspace_numel",
     "default_num_splits",

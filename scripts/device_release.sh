@@ -17,9 +17,7 @@
 # decode_steps (scripts/diag_decode_workload.py, the decode attention on the workload's steps in
 # CUDA graphs), chain (scripts/diag_decode_chain.py, ways to run the decode step's GEMMs and
 # attention, such as two half-batches on two streams; CHAIN_VARIANTS picks some) and read_rate
-# (scripts/diag_read_rate.py, whether reading alone beats the copy rate); norm_linear
-# (scripts/diag_norm_linear.py: the fused norm + projection kernels' launches swept, and a decode
-# step's layers before and after them; the steps after it use its table). decode_steps
+# (scripts/diag_read_rate.py, whether reading alone beats the copy rate). decode_steps
 # (DECODE_VARIANTS picks some) also names its fastest variant; decode_ab (after it) then runs
 # LLM with the default decode config and that variant's, alternating (AB_PAIRS pairs, 2), each
 # in a fresh process, and when every run with it beats every run without, the steps after it
@@ -115,12 +113,6 @@ for name in $STEPS; do
     chain) TAIL=14 step chain 240 python3 scripts/diag_decode_chain.py \
       ${CHAIN_VARIANTS:+--variants "$CHAIN_VARIANTS"} ;;
     read_rate) TAIL=10 step read_rate 90 python3 scripts/diag_read_rate.py ;;
-    norm_linear) TAIL=40 step norm_linear 300 python3 scripts/diag_norm_linear.py \
-      --table /tmp/norm_linear.json ${NORM_LINEAR_BATCHES:+--batches "$NORM_LINEAR_BATCHES"}
-      if [ "$STATUS" = 0 ]; then  # the steps after it launch the fused kernels as it measured
-        export ENGINE_KERNELS_NORM_LINEAR_CONFIG=/tmp/norm_linear.json
-        echo "export ENGINE_KERNELS_NORM_LINEAR_CONFIG=/tmp/norm_linear.json" >> "$DECISIONS"
-      fi ;;
     tma_probe) TAIL=40 step tma_probe 200 bash scripts/device_tma_probe.sh
       if [ "$STATUS" = 0 ]; then  # its defaults returned right: the steps after it use it
         export ENGINE_KERNELS_TMA_PREFILL=1

@@ -28,8 +28,8 @@ ABLATIONS = {
     "lm_head": "the LM head (empty logits)",
     "none_cublas": "nothing, with the o and down projections in cuBLAS at every row count",
     "norms_silu": "the add + RMSNorm and SiLU-and-mul kernels around the o and down projections"
-    " (their input passed on; the projections in cuBLAS): what the fused norm + projection"
-    " kernels (engine_kernels/norm_linear.py) can save at most, against none_cublas",
+    " (their input passed on; the projections in cuBLAS): the most that fusing them into the"
+    " projections could save, against none_cublas",
 }
 
 

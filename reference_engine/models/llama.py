@@ -49,22 +49,6 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.rms_norm(x, self.weight, self.eps)
 
-    def add_and_norm(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return ops.fused_add_rms_norm(h, residual, self.weight, self.eps)[0]
-
-    def add_norm_and_project(
-        self,
-        h: torch.Tensor,
-        residual: torch.Tensor | None,
-        proj: nn.Linear,
-        silu_gate: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``proj`` of the norm of ``residual + h`` (then ``silu_and_mul`` with ``silu_gate``),
-        and that sum, as one op: one kernel on CUDA for decode batches."""
-        return ops.add_rms_norm_linear(
-            h, residual, self.weight, self.eps, proj.weight, proj.bias, silu_gate=silu_gate
-        )
-
     def project_add_and_norm(
         self, x: torch.Tensor, proj: nn.Linear, residual: torch.Tensor, silu_gate: bool = False
     ):
@@ -77,7 +61,8 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Attention from ``qkv_proj``'s output up to ``o_proj``: the decoder layer applies both."""
+    """Attention up to ``o_proj``, which the decoder layer applies, fused with the residual add
+    and norm after it."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -99,23 +84,27 @@ class Attention(nn.Module):
     def forward(
         self,
         positions: torch.Tensor,
-        qkv: torch.Tensor,
+        x: torch.Tensor,
         ctx: ForwardContext,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         rope_cache: torch.Tensor,
     ) -> torch.Tensor:
-        """``qkv``: the layer's normed input through ``qkv_proj`` (which the decoder layer applies,
-        fused with the norm before it)."""
-        n = qkv.shape[0]
+        n = x.shape[0]
         k_cache, v_cache = kv_cache
+        norms = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
+        eps = 0.0 if self.q_norm is None else self.q_norm.eps
+        qkv = self.qkv_proj(x)
         # A prefill on CUDA may read the stored keys back from qkv (the opt-in TMA path on Hopper).
         keep_k = qkv.is_cuda and not ctx.is_decode and ops.tma_prefill_enabled()
         q = ops.qk_norm_rope_store(
             qkv, positions, rope_cache, k_cache, v_cache, ctx.slot_mapping,
-            self.num_heads, self.num_kv_heads, *self._qk_norms(), keep_k=keep_k,
+            self.num_heads, self.num_kv_heads, *norms, eps, keep_k=keep_k,
         )  # fmt: skip
         if ctx.is_decode:
-            o = self._decode(q, ctx, kv_cache)
+            o = ops.paged_attention_decode(
+                q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale,
+                plan=ctx.decode_plan, workspace=ctx.decode_workspace,
+            )  # fmt: skip
         else:
             d = ctx.num_decode_rows
             # The keys and values just stored, as contiguous rows (TMA reads them on Hopper).
@@ -136,37 +125,6 @@ class Attention(nn.Module):
             o = prefill if o is None else o
         return o.reshape(n, self.q_size)
 
-    def decode_from_stream(
-        self,
-        positions: torch.Tensor,
-        h: torch.Tensor,
-        residual: torch.Tensor | None,
-        norm: RMSNorm,
-        ctx: ForwardContext,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        rope_cache: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A decode step from the residual stream ``residual + h``: ``norm`` and ``qkv_proj``,
-        the q/k norm, rotary embedding and KV store as one op (one kernel on CUDA), then the
-        attention. Returns its output and the stream."""
-        proj = self.qkv_proj
-        q, residual = ops.add_rms_norm_qkv_rope_store(
-            h, residual, norm.weight, norm.eps, proj.weight, proj.bias, positions, rope_cache,
-            *kv_cache, ctx.slot_mapping, self.num_heads, self.num_kv_heads, *self._qk_norms(),
-        )  # fmt: skip
-        return self._decode(q, ctx, kv_cache).reshape(q.shape[0], self.q_size), residual
-
-    def _qk_norms(self) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
-        if self.q_norm is None:
-            return None, None, 0.0
-        return self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
-
-    def _decode(self, q, ctx: ForwardContext, kv_cache) -> torch.Tensor:
-        return ops.paged_attention_decode(
-            q, *kv_cache, ctx.block_tables, ctx.seq_lens, self.scale,
-            plan=ctx.decode_plan, workspace=ctx.decode_workspace,
-        )  # fmt: skip
-
 
 class MLP(nn.Module):
     """``down_proj(silu_and_mul(gate_up_proj(x)))``; the decoder layers apply ``down_proj``, fused
@@ -186,27 +144,10 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, positions, h, residual, ctx, kv_cache, rope_cache):
-        """The residual stream is ``residual + h`` (``h`` alone before layer 0, ``residual``
-        None); each norm runs inside the projection after it. Returns the stream after this
-        layer in the same form."""
-        attn, mlp = self.self_attn, self.mlp
-        if ctx.is_decode and ops.rope_in_qkv_projection():
-            o, residual = attn.decode_from_stream(
-                positions, h, residual, self.input_layernorm, ctx, kv_cache, rope_cache
-            )
-        else:
-            qkv, residual = self.input_layernorm.add_norm_and_project(h, residual, attn.qkv_proj)
-            o = attn(positions, qkv, ctx, kv_cache, rope_cache)
-        act, residual = self.post_attention_layernorm.add_norm_and_project(
-            attn.o_proj(o), residual, mlp.gate_up_proj, silu_gate=True
-        )
-        return mlp.down_proj(act), residual
-
-    def forward_split_k(self, positions, x, residual, ctx, kv_cache, rope_cache, next_norm):
+    def forward(self, positions, x, residual, ctx, kv_cache, rope_cache, next_norm: RMSNorm):
         """``x``: this layer's input, already through ``input_layernorm``. Returns the next
         layer's input (``next_norm`` of the updated residual stream) and that stream."""
-        o = self.self_attn(positions, self.self_attn.qkv_proj(x), ctx, kv_cache, rope_cache)
+        o = self.self_attn(positions, x, ctx, kv_cache, rope_cache)
         x, residual = self.post_attention_layernorm.project_add_and_norm(
             o, self.self_attn.o_proj, residual
         )
@@ -243,22 +184,14 @@ class CausalLM(nn.Module):
         # The step's index tensors stay unchanged through the layers: on the CPU, what the
         # kernels derive from them (gather indices, masks, rotary cos/sin) is computed once.
         with reference.step_cache():
-            if not ops.norms_in_projections():
-                return self._forward_split_k(input_ids, positions, ctx, kv_caches)
-            h, residual = self.embed_tokens(input_ids), None
-            for layer, kv_cache in zip(self.layers, kv_caches):
-                h, residual = layer(positions, h, residual, ctx, kv_cache, self.rope_cache)
-            return self.norm(h) if residual is None else self.norm.add_and_norm(h, residual)
-
-    def _forward_split_k(self, input_ids, positions, ctx, kv_caches) -> torch.Tensor:
-        residual = self.embed_tokens(input_ids)
-        x = self.layers[0].input_layernorm(residual)
-        # Each layer ends with the next one's input norm (the final norm after the last).
-        next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
-        for layer, kv_cache, next_norm in zip(self.layers, kv_caches, next_norms):
-            x, residual = layer.forward_split_k(
-                positions, x, residual, ctx, kv_cache, self.rope_cache, next_norm
-            )
+            residual = self.embed_tokens(input_ids)
+            x = self.layers[0].input_layernorm(residual)
+            # Each layer ends with the next one's input norm (the final norm after the last).
+            next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+            for layer, kv_cache, next_norm in zip(self.layers, kv_caches, next_norms):
+                x, residual = layer(
+                    positions, x, residual, ctx, kv_cache, self.rope_cache, next_norm
+                )
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
