@@ -18,6 +18,11 @@ and ignored by the reference:
   copied to the device, with a workspace of ``plan_workspace_numel(plan.max_items, H, D)``:
   the grid is then fixed by the plan's program count and the work is cut from the live
   contexts into equal chunks (what the engine's decode graphs use).
+- ``paged_attention_decode_from_qkv(qkv, positions, cos_sin_cache, k_cache, v_cache,
+  slot_mapping, block_tables, seq_lens, scale, num_heads, num_kv_heads, q_norm_weight,
+  k_norm_weight, eps, *, workspace=None, plan=None)``: a decode step's attention from its qkv
+  rows, ``qk_norm_rope_store`` then ``paged_attention_decode``; with a plan on CUDA and
+  ``ENGINE_KERNELS_DECODE_FROM_QKV=1`` one kernel does both (opt-in until measured).
 - ``projection_add_rms_norm(x, weight, residual, norm_weight, eps, *, silu_gate=False)``: a
   layer's o or down projection with the residual add + RMSNorm after it (and for down the
   SiLU-and-mul before it), split-K on CUDA where measured faster (``linear_split_k.py``).
@@ -208,12 +213,61 @@ def paged_attention_decode(
     )  # fmt: skip
 
 
+# Whether a planned CUDA decode does the query's norm and rotation and the new key and value's
+# cache store inside the attention kernel (one launch a layer fewer); opt-in until measured.
+DECODE_FROM_QKV_OPT_IN = "ENGINE_KERNELS_DECODE_FROM_QKV"
+
+
+def paged_attention_decode_from_qkv(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_heads: int,
+    num_kv_heads: int,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    workspace: torch.Tensor | None = None,
+    plan: DecodePlan | None = None,
+) -> torch.Tensor:
+    """A decode step's attention from its qkv rows: ``qk_norm_rope_store`` then
+    ``paged_attention_decode`` (``[B, H, D]``). With a plan on CUDA and
+    ``ENGINE_KERNELS_DECODE_FROM_QKV=1``, one kernel does both."""
+    backend = _backend(qkv)
+    if backend is not reference and plan is not None and decode_from_qkv_enabled():
+        return backend.paged_attention_decode_from_qkv(
+            qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables,
+            seq_lens, scale, num_heads, num_kv_heads, q_norm_weight, k_norm_weight, eps,
+            plan=plan, workspace=workspace,
+        )  # fmt: skip
+    q = qk_norm_rope_store(
+        qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads,
+        q_norm_weight, k_norm_weight, eps,
+    )  # fmt: skip
+    return paged_attention_decode(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, workspace=workspace, plan=plan
+    )
+
+
+def decode_from_qkv_enabled() -> bool:
+    """Whether ``paged_attention_decode_from_qkv`` may take the one-kernel path."""
+    return os.environ.get(DECODE_FROM_QKV_OPT_IN, "0") == "1"
+
+
 __all__ = [
     "DecodePlan",
     "decode_workspace",
     "decode_workspace_numel",
     "fused_add_rms_norm",
     "paged_attention_decode",
+    "paged_attention_decode_from_qkv",
     "paged_attention_prefill",
     "plan_workspace_numel",
     "projection_add_rms_norm",

@@ -18,7 +18,7 @@ from engine_kernels.pdl import pdl_launch, wait_for_prior_kernel
 
 
 @triton.jit
-def _norm_rope_heads(
+def norm_rope_heads(
     row_ptr, w_ptr, n_heads, cos, sin, eps,
     HAS_NORM: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
@@ -60,7 +60,7 @@ def _qk_norm_rope_store_kernel(
     row = qkv_ptr + t * stride_qkv
     head_dim = 2 * HALF
 
-    q1, q2 = _norm_rope_heads(row, q_norm_ptr, n_heads, cos, sin, eps, HAS_NORM, HALF, BLOCK_HQ)
+    q1, q2 = norm_rope_heads(row, q_norm_ptr, n_heads, cos, sin, eps, HAS_NORM, HALF, BLOCK_HQ)
     hq = tl.arange(0, BLOCK_HQ)
     dst = q_out_ptr + t * stride_q_out + hq[:, None] * head_dim + offs[None, :]
     q_mask = (hq < n_heads)[:, None]
@@ -70,7 +70,7 @@ def _qk_norm_rope_store_kernel(
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:
         k_row = row + n_heads * head_dim
-        k1, k2 = _norm_rope_heads(
+        k1, k2 = norm_rope_heads(
             k_row, k_norm_ptr, n_kv_heads, cos, sin, eps, HAS_NORM, HALF, BLOCK_HK
         )
         hk = tl.arange(0, BLOCK_HK)

@@ -12,7 +12,10 @@ from engine_kernels.decode_split import decode_workspace, decode_workspace_numel
 from engine_kernels.interpreter_compat import patch_interpreter_index
 from engine_kernels.kv_cache import store_kvcache
 from engine_kernels.linear_split_k import projection_add_rms_norm
-from engine_kernels.paged_attention_decode import paged_attention_decode
+from engine_kernels.paged_attention_decode import (
+    paged_attention_decode,
+    paged_attention_decode_from_qkv,
+)
 from engine_kernels.paged_attention_prefill import paged_attention_prefill
 from engine_kernels.qk_norm_rope_store import qk_norm_rope_store
 from engine_kernels.rms_norm import fused_add_rms_norm, rms_norm
@@ -29,6 +32,7 @@ __all__ = [
     "default_num_splits",
     "fused_add_rms_norm",
     "paged_attention_decode",
+    "paged_attention_decode_from_qkv",
     "paged_attention_prefill",
     "projection_add_rms_norm",
     "qk_norm_rope_store",

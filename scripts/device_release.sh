@@ -17,7 +17,9 @@
 # decode_steps (scripts/diag_decode_workload.py, the decode attention on the workload's steps in
 # CUDA graphs), chain (scripts/diag_decode_chain.py, ways to run the decode step's GEMMs and
 # attention, such as two half-batches on two streams; CHAIN_VARIANTS picks some) and read_rate
-# (scripts/diag_read_rate.py, whether reading alone beats the copy rate). decode_steps
+# (scripts/diag_read_rate.py, whether reading alone beats the copy rate), argmax
+# (scripts/diag_argmax.py, the Triton greedy argmax against torch's) and some_kernel_tests (the
+# kernel test files in KERNEL_TESTS). decode_steps
 # (DECODE_VARIANTS picks some) also names its fastest variant; decode_ab (after it) then runs
 # LLM with the default decode config and that variant's, alternating (AB_PAIRS pairs, 2), each
 # in a fresh process, and when every run with it beats every run without, the steps after it
@@ -113,6 +115,10 @@ for name in $STEPS; do
     chain) TAIL=14 step chain 240 python3 scripts/diag_decode_chain.py \
       ${CHAIN_VARIANTS:+--variants "$CHAIN_VARIANTS"} ;;
     read_rate) TAIL=10 step read_rate 90 python3 scripts/diag_read_rate.py ;;
+    argmax) TAIL=12 step argmax 90 python3 scripts/diag_argmax.py ;;
+    # The kernel tests of the files named in KERNEL_TESTS (a quicker check of new kernels).
+    some_kernel_tests) TAIL=3 step some_kernel_tests 150 python3 -m pytest ${KERNEL_TESTS:?} -q \
+      -n 16 -p no:cacheprovider -o addopts="" ;;
     tma_probe) TAIL=40 step tma_probe 200 bash scripts/device_tma_probe.sh
       if [ "$STATUS" = 0 ]; then  # its defaults returned right: the steps after it use it
         export ENGINE_KERNELS_TMA_PREFILL=1

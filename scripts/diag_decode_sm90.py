@@ -8,8 +8,10 @@ The plan gives each multiprocessor four programs per KV head (``decode_split``),
 
 (the device's Triton, see scripts/diag_prefill_sm90.py). ``--check`` exits 1 unless it
 compiled without stack at 128 registers or fewer (a CI test runs it:
-tests/kernels/test_decode_sm90.py). The fused reduction (plan config ``fused``, not the
-default) takes more and is left out.
+tests/kernels/test_decode_sm90.py). Both ways the engine may launch it are compiled: from the
+query (the default) and from the qkv rows (``FROM_QKV``: the query's norm and rotation and the
+new key's store inside, ``ENGINE_KERNELS_DECODE_FROM_QKV=1``). The fused reduction (plan config
+``fused``, not the default) takes more and is left out.
 """
 
 from __future__ import annotations
@@ -38,19 +40,21 @@ INTS = [
 ]  # fmt: skip
 
 
-def compile_planned(head_dim: int = 128):
-    """The kernel as the engine launches it for Qwen3-0.6B's heads in bf16 on CUDA (the
-    reduction in its own launch, the default)."""
+def compile_planned(head_dim: int = 128, from_qkv: bool = False):
+    """The kernel as the engine launches it for Qwen3-0.6B's heads (q/k norm) in bf16 on CUDA
+    (the reduction in its own launch, the default)."""
     launch = _decode_config(SimpleNamespace(is_cuda=True), planned=True)
     signature = {
         "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16",
         "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "bt_ptr": "*i32", "plan_ptr": "*i32",
         "scale_log2": "fp32", **dict.fromkeys(INTS, "i32"),
-        "seq_lens_ptr": "*i32",
+        "seq_lens_ptr": "*i32", "pos_ptr": "*i64", "cos_sin_ptr": "*fp32", "stride_cs": "i32",
+        "slot_ptr": "*i64", "q_norm_ptr": "*bf16", "k_norm_ptr": "*bf16", "eps": "fp32",
     }  # fmt: skip
     constants = {"GROUP": 2, "BLOCK_G": 16, "PAGE": 16, "HEAD_DIM": head_dim,
                  "BLOCK_D": head_dim, "BLOCK_N": launch["block_n"], "UNIT": PLAN_UNIT,
-                 "BLOCK_H": 16, "FUSED": False, "DOT_PRECISION": "tf32", "PDL": True}  # fmt: skip
+                 "BLOCK_H": 16, "FUSED": False, "DOT_PRECISION": "tf32", "PDL": True,
+                 "FROM_QKV": from_qkv, "HAS_NORM": from_qkv, "BLOCK_GQ": 2}  # fmt: skip
     signature.update(dict.fromkeys(constants, "constexpr"))
     # As a launch specialises them: 16-byte aligned pointers, strides divisible by 16.
     names = list(signature)
@@ -66,10 +70,13 @@ def compile_planned(head_dim: int = 128):
 def main() -> None:
     check = "--check" in sys.argv[1:]
     print(f"triton {triton.__version__}, target sm_90")
-    regs, stack = resources(compile_planned())
-    ok = regs <= 128 and stack == 0
-    print(f"planned decode, d128: registers {regs}, stack {stack} B: {'ok' if ok else 'WRONG'}")
-    if check and not ok:
+    failed = False
+    for name, from_qkv in (("planned decode", False), ("planned decode from qkv", True)):
+        regs, stack = resources(compile_planned(from_qkv=from_qkv))
+        ok = regs <= 128 and stack == 0
+        failed |= not ok
+        print(f"{name}, d128: registers {regs}, stack {stack} B: {'ok' if ok else 'WRONG'}")
+    if check and failed:
         sys.exit(1)
 
 

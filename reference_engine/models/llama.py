@@ -94,18 +94,19 @@ class Attention(nn.Module):
         norms = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
         eps = 0.0 if self.q_norm is None else self.q_norm.eps
         qkv = self.qkv_proj(x)
-        # A prefill on CUDA may read the stored keys back from qkv (the opt-in TMA path on Hopper).
-        keep_k = qkv.is_cuda and not ctx.is_decode and ops.tma_prefill_enabled()
-        q = ops.qk_norm_rope_store(
-            qkv, positions, rope_cache, k_cache, v_cache, ctx.slot_mapping,
-            self.num_heads, self.num_kv_heads, *norms, eps, keep_k=keep_k,
-        )  # fmt: skip
         if ctx.is_decode:
-            o = ops.paged_attention_decode(
-                q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale,
-                plan=ctx.decode_plan, workspace=ctx.decode_workspace,
+            o = ops.paged_attention_decode_from_qkv(
+                qkv, positions, rope_cache, k_cache, v_cache, ctx.slot_mapping,
+                ctx.block_tables, ctx.seq_lens, self.scale, self.num_heads, self.num_kv_heads,
+                *norms, eps, plan=ctx.decode_plan, workspace=ctx.decode_workspace,
             )  # fmt: skip
         else:
+            # A prefill on CUDA may read the stored keys back from qkv (the opt-in TMA path).
+            keep_k = qkv.is_cuda and ops.tma_prefill_enabled()
+            q = ops.qk_norm_rope_store(
+                qkv, positions, rope_cache, k_cache, v_cache, ctx.slot_mapping,
+                self.num_heads, self.num_kv_heads, *norms, eps, keep_k=keep_k,
+            )  # fmt: skip
             d = ctx.num_decode_rows
             # The keys and values just stored, as contiguous rows (TMA reads them on Hopper).
             k_new = qkv[d:, self.q_size : self.q_size + self.kv_size].view(n - d, -1, self.head_dim)
