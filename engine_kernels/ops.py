@@ -34,6 +34,8 @@ and ignored by the reference:
   (``engine_kernels/paged_attention_prefill_tma.py``), and its longest cached prefix (0: none)
   to spare the paged kernel when TMA takes every sequence. That kernel is opt-in on CUDA
   (``ENGINE_KERNELS_TMA_PREFILL=1``, ``tma_prefill_enabled``).
+- ``greedy_argmax(logits)``: ``logits.argmax(dim=-1)``; its Triton kernel (``argmax.py``) is
+  opt-in on CUDA until measured (``ENGINE_KERNELS_ARGMAX=1``, ``argmax_enabled``).
 """
 
 from __future__ import annotations
@@ -116,6 +118,22 @@ def projection_add_rms_norm(
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _backend(x).silu_and_mul(x)
+
+
+# The Triton argmax is opt-in on CUDA until scripts/diag_argmax.py has timed it against torch's.
+ARGMAX_OPT_IN = "ENGINE_KERNELS_ARGMAX"
+
+
+def argmax_enabled() -> bool:
+    """Whether CUDA logits may use the Triton argmax (``ENGINE_KERNELS_ARGMAX=1``)."""
+    return os.environ.get(ARGMAX_OPT_IN, "0") == "1"
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    backend = _backend(logits)
+    if backend is reference or not argmax_enabled():
+        return reference.greedy_argmax(logits)
+    return backend.greedy_argmax(logits)
 
 
 def rotary_embedding(
@@ -266,6 +284,7 @@ __all__ = [
     "decode_workspace",
     "decode_workspace_numel",
     "fused_add_rms_norm",
+    "greedy_argmax",
     "paged_attention_decode",
     "paged_attention_decode_from_qkv",
     "paged_attention_prefill",

@@ -110,6 +110,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return (F.silu(gate.float()) * up.float()).to(x.dtype)
 
 
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first maximum (NaN above all) of ``logits [n, vocab]``: the greedy token."""
+    return logits.argmax(dim=-1)
+
+
 def rotary_embedding(
     positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from triton import knobs
 
 from engine_kernels.activation import silu_and_mul
+from engine_kernels.argmax import greedy_argmax
 from engine_kernels.decode_split import decode_workspace, decode_workspace_numel, default_num_splits
 from engine_kernels.interpreter_compat import patch_interpreter_index
 from engine_kernels.kv_cache import store_kvcache
@@ -31,6 +32,7 @@ __all__ = [
     "decode_workspace_numel",
     "default_num_splits",
     "fused_add_rms_norm",
+    "greedy_argmax",
     "paged_attention_decode",
     "paged_attention_decode_from_qkv",
     "paged_attention_prefill",

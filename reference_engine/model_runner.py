@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine_kernels import ops
 from engine_kernels.ops import new_kv_cache
 from reference_engine.config import EngineConfig
 from reference_engine.cuda_graphs import DecodeGraphs
@@ -312,7 +313,7 @@ class ModelRunner:
         return hidden
 
     def _greedy(self, logits: torch.Tensor, reqs: list[Request]) -> StepHandle:
-        token_ids = logits.argmax(dim=-1)  # the sampler's greedy rule, left on the device
+        token_ids = ops.greedy_argmax(logits)  # the sampler's greedy rule, left on the device
         rows = {r.request_id: i for i, r in enumerate(reqs)}
         if self.device.type != "cuda":
             return StepHandle(reqs, token_ids=token_ids, host=token_ids, rows=rows)
