@@ -194,8 +194,7 @@ def _rotated_query(
 ):  # fmt: skip
     """The query heads of KV head ``kvh`` from a qkv row, normed and rotated (neox) at ``pos``
     as ``qk_norm_rope_store`` stores them, as one ``[BLOCK_G, HEAD_DIM]`` tile in the row's
-    dtype. Each element is read with its rotation partner, so the tile keeps the layout the
-    attention's dot takes it in."""
+    dtype. Each element is read with its rotation partner: whole heads, no halves to join."""
     half: tl.constexpr = HEAD_DIM // 2
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -285,7 +284,8 @@ def _decode_planned_kernel(
     out_mask = g_mask[:, None] & d_mask[None, :]
     if FROM_QKV:
         # A pass of its own, on tiles of the group's heads only (``BLOCK_GQ`` rows, not the
-        # dot's ``BLOCK_G``): computed in the attention's loop, on its tile, the query took 164
+        # dot's ``BLOCK_G``), its result read back from memory: computed in the attention's
+        # loop on the dot's tile, or handed over in registers, the query took 156 to 196
         # registers on sm_90, and four programs a multiprocessor need 128 or fewer.
         gq = tl.arange(0, BLOCK_GQ)
         gq_mask = (gq < GROUP)[:, None] & d_mask[None, :]
@@ -490,10 +490,10 @@ def paged_attention_decode_from_qkv(
     out: torch.Tensor | None = None,
     config: dict[str, int] | None = None,
 ) -> torch.Tensor:
-    """Triton twin of ``reference.paged_attention_decode_from_qkv``: ``qk_norm_rope_store`` and
-    the planned ``paged_attention_decode`` in one launch (and the reduction's). Each sequence's
-    one new token must be its last: ``positions[b] == seq_lens[b] - 1`` and ``slot_mapping[b]``
-    that position's cache slot (or -1), as in every decode step."""
+    """``qk_norm_rope_store`` followed by the planned ``paged_attention_decode``, in the
+    attention's launch (the reduction keeps its own, as there). Each sequence's one new token
+    must be its last: ``positions[b] == seq_lens[b] - 1`` and ``slot_mapping[b]`` that
+    position's cache slot (or -1), as in every decode step."""
     batch = qkv.shape[0]
     head_dim = k_cache.shape[-1]
     assert head_dim == triton.next_power_of_2(head_dim) and head_dim >= 16
