@@ -39,6 +39,25 @@ def _inputs(heads, kv_heads, head_dim, norm, dtype, device):
     return qkv, positions, slots, k_cache, v_cache, tables, lens, weights
 
 
+def _plan(rows: int, num_programs: int, device, config: dict | None = None) -> DecodePlan:
+    plan = DecodePlan(rows, num_programs, device, config)
+    plan.fill(LENS)
+    plan.device.copy_(plan.host)
+    return plan
+
+
+def _reference(qkv, positions, cache, k_cache, v_cache, slots, tables, lens, heads, kv_heads,
+               weights):  # fmt: skip
+    """The two ops composed, on the reference (writes the new tokens into the caches given):
+    the attention's output for the live rows."""
+    q = reference.qk_norm_rope_store(
+        qkv.clone(), positions, cache, k_cache, v_cache, slots, heads, kv_heads, *weights, 1e-6
+    )
+    n = len(LENS)
+    scale = k_cache.shape[-1] ** -0.5
+    return reference.paged_attention_decode(q[:n], k_cache, v_cache, tables[:n], lens[:n], scale)
+
+
 @pytest.mark.parametrize("num_programs", [1, 5, 64])
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 2), (8, 1), (3, 3)])
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -51,9 +70,7 @@ def test_matches_the_two_ops_it_replaces(
     )
     cache = cos_sin_cache(4096, head_dim, device)
     scale = head_dim**-0.5
-    plan = DecodePlan(len(lens), num_programs, device)
-    plan.fill(LENS)
-    plan.device.copy_(plan.host)
+    plan = _plan(len(lens), num_programs, device)
     workspace = torch.empty(plan_workspace_numel(plan.max_items, heads, head_dim), device=device)
     kc, vc = k_cache.clone(), v_cache.clone()
     out = tops.paged_attention_decode_from_qkv(
@@ -62,11 +79,9 @@ def test_matches_the_two_ops_it_replaces(
     )  # fmt: skip
 
     kc_ref, vc_ref = k_cache.clone(), v_cache.clone()
-    q = reference.qk_norm_rope_store(
-        qkv.clone(), positions, cache, kc_ref, vc_ref, slots, heads, kv_heads, *weights, 1e-6
-    )
+    ref = _reference(qkv, positions, cache, kc_ref, vc_ref, slots, tables, lens, heads, kv_heads,
+                     weights)  # fmt: skip
     n = len(LENS)
-    ref = reference.paged_attention_decode(q[:n], kc_ref, vc_ref, tables[:n], lens[:n], scale)
     assert_close(out[:n], ref, dtype)
     assert torch.equal(out[n:], torch.zeros_like(out[n:]))
     written = slots[:n]
@@ -87,19 +102,14 @@ def test_with_the_reduction_fused(tops, dtype, device, num_programs):
         heads, kv_heads, head_dim, True, dtype, device
     )
     cache = cos_sin_cache(4096, head_dim, device)
-    plan = DecodePlan(len(lens), num_programs, device, {"fused": 1})
-    plan.fill(LENS)
-    plan.device.copy_(plan.host)
+    plan = _plan(len(lens), num_programs, device, {"fused": 1})
     out = tops.paged_attention_decode_from_qkv(
         qkv.clone(), positions, cache, k_cache.clone(), v_cache.clone(), slots, tables, lens,
         head_dim**-0.5, heads, kv_heads, *weights, 1e-6, plan=plan,
     )  # fmt: skip
-    q = reference.qk_norm_rope_store(
-        qkv.clone(), positions, cache, k_cache, v_cache, slots, heads, kv_heads, *weights, 1e-6
-    )
+    ref = _reference(qkv, positions, cache, k_cache, v_cache, slots, tables, lens, heads,
+                     kv_heads, weights)  # fmt: skip
     n = len(LENS)
-    ref = reference.paged_attention_decode(q[:n], k_cache, v_cache, tables[:n], lens[:n],
-                                           head_dim**-0.5)  # fmt: skip
     assert_close(out[:n], ref, dtype)
     assert torch.equal(out[n:], torch.zeros_like(out[n:]))
 
@@ -113,18 +123,13 @@ def test_the_new_token_is_read_back_after_its_store(tops, dtype, device):
     )
     k_cache.view(-1, kv_heads, head_dim)[slots[: len(LENS)]] = 1e3  # a stale key dominates
     cache = cos_sin_cache(4096, head_dim, device)
-    plan = DecodePlan(len(lens), 3, device)
-    plan.fill(LENS)
-    plan.device.copy_(plan.host)
+    plan = _plan(len(lens), 3, device)
     kc, vc = k_cache.clone(), v_cache.clone()
     out = tops.paged_attention_decode_from_qkv(
         qkv.clone(), positions, cache, kc, vc, slots, tables, lens, head_dim**-0.5, heads,
         kv_heads, *weights, 1e-6, plan=plan,
     )  # fmt: skip
-    q = reference.qk_norm_rope_store(
-        qkv.clone(), positions, cache, k_cache, v_cache, slots, heads, kv_heads, *weights, 1e-6
-    )
+    ref = _reference(qkv, positions, cache, k_cache, v_cache, slots, tables, lens, heads,
+                     kv_heads, weights)  # fmt: skip
     n = len(LENS)
-    ref = reference.paged_attention_decode(q[:n], k_cache, v_cache, tables[:n], lens[:n],
-                                           head_dim**-0.5)  # fmt: skip
     assert_close(out[:n], ref, dtype)
