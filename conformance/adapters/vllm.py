@@ -3,11 +3,21 @@
 The offline ``LLM`` runs its engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
 so its block pool can be read. ``AsyncLLM`` always runs its core in another process: its load is
 observed through a stat logger, which receives the core's ``SchedulerStats`` after every step.
+
+Its progress is counted on the core's side. Steps are the core's iterations that scheduled
+tokens, from the iteration details it attaches to their stats
+(``enable_logging_iteration_details``); the step that only hands back finished ids (one follows
+every abort) runs no model and is no step, as in the suite's definition. Tokens are
+those the core sent, the ones the front end dropped because it had already forgotten their
+request included: tokens decoded after an abort are work the engine did (V5 in
+docs/conformance-matrix.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import os
 import threading
 from collections import Counter
@@ -69,9 +79,18 @@ class VllmAdapter(EngineAdapter):
     def _build_online(self, cls: Any, overrides: dict[str, Any]) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        observer = _SchedulerStatsObserver()
-        args = AsyncEngineArgs(model=str(self.config.model), **{**self.options, **overrides})
+        options = {**self.options, **overrides}
+        # Each core step that schedules tokens then says so in its stats. vLLM's own stat logger
+        # would log a line per step: its logger is kept to warnings.
+        details = "enable_logging_iteration_details"
+        counts_model_steps = details in {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+        if counts_model_steps:
+            options.setdefault(details, True)
+            logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
+        observer = _SchedulerStatsObserver(counts_model_steps=bool(options.get(details)))
+        args = AsyncEngineArgs(model=str(self.config.model), **options)
         engine = cls.from_engine_args(args, stat_loggers=[observer.logger_class()])
+        observer.count_dropped_tokens(engine.output_processor)
         self._observers[id(engine)] = observer
         return engine
 
@@ -127,8 +146,8 @@ class VllmAdapter(EngineAdapter):
         return observer.finished("abort")
 
     def progress(self, engine: Any) -> Progress:
-        """From the stat logger: each ``record`` carries one engine step's ``SchedulerStats``
-        and, when the step produced outputs, its ``IterationStats``."""
+        """From the stat logger (each ``record`` carries one core step's ``SchedulerStats`` and,
+        when the step produced outputs, its ``IterationStats``) and the core's outputs."""
         observer = self._observers.get(id(engine))
         if observer is None:
             raise NotImplementedError("progress is observed on the online engine only")
@@ -195,14 +214,21 @@ def _scheduler(llm: Any) -> Any:
 
 
 class _SchedulerStatsObserver:
-    """Keeps the last ``SchedulerStats`` that an ``AsyncLLM`` reported, and counts its finished
-    requests by finish reason (what feeds ``vllm:request_success_total``)."""
+    """Keeps the last ``SchedulerStats`` that an ``AsyncLLM`` reported, counts its finished
+    requests by finish reason (what feeds ``vllm:request_success_total``), and its progress.
 
-    def __init__(self) -> None:
+    With ``counts_model_steps``, a step is a record whose stats carry iteration details (the
+    core attaches them to the steps that scheduled tokens); otherwise every record with stats
+    counts, which includes the step after an abort that only retires the request. Generated
+    tokens are the front end's count plus the tokens it dropped: the core's outputs for requests
+    it no longer tracks (aborted ones, whose abort the core had not applied yet)."""
+
+    def __init__(self, counts_model_steps: bool = False) -> None:
         self._lock = threading.Lock()
         self._latest: Any = None
         self._finished: Counter[str] = Counter()
         self._progress = Progress(0, 0, 0)
+        self._counts_model_steps = counts_model_steps
 
     def latest(self) -> Any:
         with self._lock:
@@ -216,18 +242,49 @@ class _SchedulerStatsObserver:
         with self._lock:
             return self._progress
 
+    def _is_step(self, stats: Any) -> bool:
+        if stats is None:
+            return False
+        if not self._counts_model_steps:
+            return True
+        details = getattr(stats, "iteration_details", None)
+        return details is not None and not details.is_dummy
+
     def _record(self, stats: Any, iteration: Any) -> None:
         with self._lock:
             p = self._progress
-            self._progress = Progress(
-                p.generated_tokens + (iteration.num_generation_tokens if iteration else 0),
-                p.steps + (stats is not None),
-                p.preemptions + (iteration.num_preempted_reqs if iteration else 0),
+            self._progress = dataclasses.replace(
+                p,
+                generated_tokens=p.generated_tokens
+                + (iteration.num_generation_tokens if iteration else 0),
+                steps=p.steps + self._is_step(stats),
+                preemptions=p.preemptions + (iteration.num_preempted_reqs if iteration else 0),
             )
             if stats is not None:
                 self._latest = stats
             for request in getattr(iteration, "finished_requests", None) or []:
                 self._finished[str(request.finish_reason)] += 1
+
+    def _dropped(self, tokens: int) -> None:
+        with self._lock:
+            p = self._progress
+            self._progress = dataclasses.replace(p, generated_tokens=p.generated_tokens + tokens)
+
+    def count_dropped_tokens(self, output_processor: Any) -> None:
+        """Wraps this engine's ``OutputProcessor.process_outputs`` (the output handler looks it
+        up at each batch): outputs for requests it does not track are dropped there unseen."""
+        process = output_processor.process_outputs
+        tracked = output_processor.request_states
+
+        def counted(engine_core_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+            dropped = sum(
+                len(o.new_token_ids) for o in engine_core_outputs if o.request_id not in tracked
+            )
+            if dropped:
+                self._dropped(dropped)
+            return process(engine_core_outputs, *args, **kwargs)
+
+        output_processor.process_outputs = counted
 
     def logger_class(self) -> type:
         from vllm.v1.metrics.loggers import StatLoggerBase
