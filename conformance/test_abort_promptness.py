@@ -18,7 +18,8 @@ generate up to the model's length, so an engine that does not abort is still dec
 check comes. A case over the bound is run again with fresh prompts, up to
 ``bounds.ABORT_ATTEMPTS`` (3) times, and fails only if every attempt is over it: a few steps of
 a tiny model are a few milliseconds, which a loaded machine's scheduler can take from the threads
-that deliver the abort; an engine late by design is late every time. At most
+that deliver the abort; an engine late by design is late every time. A case within the bound
+only on a retry says so, with its attempts, in the summary's notes. At most
 ``bounds.ABORT_RETRIES`` (4) cases of a run may be retried, so an engine late in half of its
 aborts fails too (it passes 0.3% of runs). The retries' price, for 19 cases with independent
 lateness: an engine late in 1 abort of 5 passes 60% of runs, 1 of 10 95%. A request that ran
