@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -250,7 +249,6 @@ def paged_attention_prefill(
     of 64 prompts costs a handful of calls rather than one per sequence. A run too large for a
     bin's score tensor goes alone through SDPA's memory-efficient kernel.
     """
-    _CONTEXTS.invalidate()  # its tokens were written: kept decode contexts may be stale
     if q.shape[0] == 0:
         return torch.empty_like(q)
     plan = _per_step(
@@ -462,9 +460,6 @@ def paged_attention_decode(
     CPU kernels, the query heads that share a KV head are one matrix (nothing is repeated for
     GQA), and the gathered ``[L, D]`` rows are read in place, transposed, without a copy. A batch
     of short and long contexts is cut in two by length when that gathers much less padding.
-    Inside ``step_cache()``, a step that follows a decode step of the same sequences adds each
-    one's new token to the contexts that step gathered instead of gathering them again (see
-    ``_DecodeContexts``).
     """
     if q.shape[0] == 0:
         return torch.empty_like(q)
@@ -484,25 +479,20 @@ def paged_attention_decode(
     return out
 
 
-@dataclass(eq=False)
+@dataclass
 class _DecodeGroup:
     rows: torch.Tensor | None  # the batch rows it holds, or None: all of them, in order
     index: torch.Tensor  # gather indices: num_blocks per row
     padding: torch.Tensor  # [n, 1, L], True past a row's context
     empty: torch.Tensor | None  # rows with no context, or None when there are none
-    slot: int = 0  # its place in the step's plan
-    # The group of the previous plan whose sequences this one continues by one token each, or
-    # None; with ``keep``, contexts gathered for this group may be kept for the next step.
-    follows: _DecodeGroup | None = None
-    keep: bool = False
-    new_token: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # see _new_token
 
 
 def _decode_group(q, k_cache, v_cache, g: _DecodeGroup, scale: float) -> torch.Tensor:
     batch, num_heads, _ = q.shape
     kv_heads = k_cache.shape[2]
     group = num_heads // kv_heads
-    k, v = _decode_contexts(k_cache, v_cache, g)  # [KVH, B, L, D] each, fp32
+    k = _gather(k_cache, g.index, batch, 0).float()  # [KVH, B, L, D]
+    v = _gather(v_cache, g.index, batch, 1).float()
     qf = q.float() * scale
     out = None if kv_heads == 1 else q.new_empty(q.shape, dtype=torch.float32)
     for h in range(kv_heads):
@@ -526,35 +516,20 @@ _SPLIT_MAX_SHARE = 0.85
 
 
 def _plan_decode(block_tables, seq_lens, block_size, device) -> list[_DecodeGroup]:
-    last = _CONTEXTS.plan if _STEP.active else None
-    follows = last is not None and last.continued_by(block_tables, seq_lens, block_size)
-    # A continued batch keeps its cut: recut each step, its groups would change with every
-    # block boundary some row crosses (measured: nearly every step), and each change gathers.
-    if follows:
-        cut = [g.rows for g in last.groups]
-    else:
-        cut = _cut(seq_lens.tolist(), block_size, seq_lens.device)
-    groups = [_decode_group_plan(rows, block_tables, seq_lens, block_size, device) for rows in cut]
-    for slot, g in enumerate(groups):
-        g.slot, g.keep = slot, _STEP.active
-        g.follows = last.groups[slot] if follows else None
-    if _STEP.active:
-        _CONTEXTS.begin(_DecodeState(groups, block_tables, seq_lens, block_size))
-    return groups
-
-
-def _cut(lens: list[int], block_size: int, device) -> list[torch.Tensor | None]:
-    """The rows of each group: all in one, or two by length when that gathers less padding."""
+    lens = seq_lens.tolist()
     blocks = [-(-n // block_size) for n in lens]
     batch, widest = len(lens), max(blocks)
-    if batch < _SPLIT_MIN_ROWS:
-        return [None]
-    order = sorted(range(batch), key=blocks.__getitem__)
-    # rows order[:i] padded to their longest, the rest to the widest
-    cost, i = min((i * blocks[order[i - 1]] + (batch - i) * widest, i) for i in range(1, batch))
-    if cost > _SPLIT_MAX_SHARE * batch * widest:
-        return [None]
-    return [torch.tensor(part, device=device) for part in (order[:i], order[i:])]
+    cut = None
+    if batch >= _SPLIT_MIN_ROWS:
+        order = sorted(range(batch), key=blocks.__getitem__)
+        # rows order[:i] padded to their longest, the rest to the widest
+        cost, i = min((i * blocks[order[i - 1]] + (batch - i) * widest, i) for i in range(1, batch))
+        if cost <= _SPLIT_MAX_SHARE * batch * widest:
+            cut = order[:i], order[i:]
+    if cut is None:
+        return [_decode_group_plan(None, block_tables, seq_lens, block_size, device)]
+    rows = [torch.tensor(part, device=seq_lens.device) for part in cut]
+    return [_decode_group_plan(r, block_tables, seq_lens, block_size, device) for r in rows]
 
 
 def _decode_group_plan(rows, block_tables, seq_lens, block_size, device) -> _DecodeGroup:
@@ -566,136 +541,4 @@ def _decode_group_plan(rows, block_tables, seq_lens, block_size, device) -> _Dec
     keys = torch.arange(num_blocks * block_size, device=device)
     padding = (keys[None, :] >= seq_lens[:, None].to(device))[:, None, :]
     empty = (seq_lens == 0).to(device) if min_len == 0 else None
-    g = _DecodeGroup(rows, _flat_index(block_tables, num_blocks), padding, empty)
-    if min_len > 0:
-        g.new_token = _new_token(g.index.view(len(seq_lens), num_blocks), seq_lens, block_size)
-    return g
-
-
-def _new_token(index: torch.Tensor, seq_lens: torch.Tensor, block_size: int):
-    """(block, offset in it, position) of each row's newest token: the one its step stored."""
-    pos = seq_lens.long().to(index.device) - 1
-    rows = torch.arange(index.shape[0], device=index.device)
-    return index[rows, pos // block_size], pos % block_size, pos
-
-
-# --- Decode contexts kept from one step to the next (the CPU path) ---------------------------
-# Gathering every sequence's context, every layer, every step, was the CPU path's largest cost
-# after the linear layers (2026-12-08: 1.0 s of a 4.6 s run on small-llama). A decode step that
-# continues the previous one (the same sequences in the same order, each one token longer, over
-# the same blocks, and no other cache write in between) only needs each sequence's new token
-# added to the contexts gathered for the previous step. Kept per layer and group, within a
-# memory budget; anything else gathers afresh.
-
-_CONTEXTS_MAX_BYTES = 1 << 30  # all layers' kept contexts together
-
-
-@dataclass(eq=False)
-class _DecodeState:
-    """What a decode plan was made from, to tell whether the next step continues it."""
-
-    groups: list[_DecodeGroup]
-    block_tables: torch.Tensor
-    seq_lens: torch.Tensor
-    block_size: int
-    epoch: int = 0
-
-    def __post_init__(self) -> None:  # the engine may reuse its index tensors in place
-        used = -(-self.seq_lens.long() // self.block_size)
-        width = int(used.max()) if used.numel() else 0
-        self.block_tables = self.block_tables[:, :width].clone()
-        self.seq_lens = self.seq_lens.clone()
-        self.used = torch.arange(width, device=used.device)[None, :] < used[:, None]
-        self.epoch = _CONTEXTS.epoch
-
-    def continued_by(self, block_tables, seq_lens, block_size: int) -> bool:
-        """Every sequence one token longer over the same blocks, and nothing else written."""
-        if (
-            self.epoch != _CONTEXTS.epoch
-            or block_size != self.block_size
-            or seq_lens.shape != self.seq_lens.shape
-            or block_tables.shape[1] < self.block_tables.shape[1]
-            or not torch.equal(seq_lens, self.seq_lens + 1)
-        ):
-            return False
-        now = block_tables[:, : self.block_tables.shape[1]]
-        return torch.equal(now[self.used], self.block_tables[self.used])
-
-
-@dataclass(eq=False)
-class _KeptContexts:
-    cache: weakref.ref  # the layer's K cache: an id alone could name a later tensor
-    k: torch.Tensor  # [KVH, B, capacity, D], fp32; past a row's context: finite, masked
-    v: torch.Tensor
-    group: _DecodeGroup  # the plan group whose contexts they hold
-    used: int  # the serial of the last plan that used them
-
-    @property
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
-
-
-class _ContextStore(threading.local):
-    def __init__(self) -> None:  # per thread
-        self.epoch = 0  # bumped by every cache write other than a decode step's new tokens
-        self.serial = 0  # decode plans made
-        self.plan: _DecodeState | None = None
-        self.kept: dict[tuple[int, int], _KeptContexts] = {}  # by (id of K cache, group slot)
-
-    def begin(self, state: _DecodeState) -> None:
-        """A new decode plan. Buffers of caches gone, or unused for a few plans, are let go."""
-        self.serial += 1
-        self.kept = {
-            key: c
-            for key, c in self.kept.items()
-            if c.cache() is not None and self.serial - c.used <= 2
-        }
-        self.plan = state
-
-    def invalidate(self) -> None:
-        self.epoch += 1
-
-
-_CONTEXTS = _ContextStore()
-
-
-def _decode_contexts(k_cache, v_cache, g: _DecodeGroup) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[KVH, B, L, D]`` keys and values of the group's contexts, in fp32."""
-    batch, length = g.padding.shape[0], g.padding.shape[-1]
-    key = (id(k_cache), g.slot)
-    kept = _CONTEXTS.kept.get(key) if g.keep else None
-    if kept is not None and kept.cache() is not k_cache:
-        kept = None
-    if (
-        kept is not None
-        and g.follows is not None
-        and kept.group is g.follows
-        and g.new_token is not None
-        and length <= kept.k.shape[2]
-    ):
-        block, offset, pos = g.new_token
-        rows = torch.arange(batch, device=pos.device)
-        kept.k[:, rows, pos] = k_cache[block, offset].transpose(0, 1).float()
-        kept.v[:, rows, pos] = v_cache[block, offset].transpose(0, 1).float()
-        kept.group, kept.used = g, _CONTEXTS.serial
-        return kept.k[:, :, :length], kept.v[:, :, :length]
-    k = _gather(k_cache, g.index, batch, 0).float()
-    v = _gather(v_cache, g.index, batch, 1).float()
-    if not g.keep:
-        return k, v
-    kv_heads, _, _, head_dim = k.shape
-    if kept is None or kept.k.shape[1] != batch or kept.k.shape[2] < length:
-        _CONTEXTS.kept.pop(key, None)
-        # Room to grow: at least a few blocks per row before the next gather.
-        capacity = length + max(length // 2, 4 * k_cache.shape[1])
-        need = 2 * kv_heads * batch * capacity * head_dim * 4
-        if sum(c.nbytes for c in _CONTEXTS.kept.values()) + need > _CONTEXTS_MAX_BYTES:
-            return k, v
-        # Zeroed: the rows' padding is masked, but a masked weight of 0 times a NaN is NaN.
-        shape = (kv_heads, batch, capacity, head_dim)
-        kept = _KeptContexts(weakref.ref(k_cache), k.new_zeros(shape), v.new_zeros(shape), g, 0)
-        _CONTEXTS.kept[key] = kept
-    kept.k[:, :, :length] = k
-    kept.v[:, :, :length] = v
-    kept.group, kept.used = g, _CONTEXTS.serial
-    return kept.k[:, :, :length], kept.v[:, :, :length]
+    return _DecodeGroup(rows, _flat_index(block_tables, num_blocks), padding, empty)
