@@ -40,9 +40,10 @@ MUTANTS = [
            "cancel-mid_decode or aclose-mid_decode or drop-mid_decode", "after the abort"),
     Mutant("late_abort", "test_abort_promptness.py", "abort-mid_decode or abort-queued",
            "steps after the abort"),
-    # Late in every case's first attempt, on time in its second: the run's retry budget
-    # (bounds.ABORT_RETRIES) is spent on the first cases, and the later ones fail.
-    # The cases retried within the budget pass, and the summary's notes say so.
+    # Every other abort of the run is late, so a case is often late in its first attempt and on
+    # time in its second: the run's retry budget (bounds.ABORT_RETRIES) is spent on the first
+    # such cases, and the later ones fail. Those retried within the budget pass, and the
+    # summary's notes say so.
     Mutant("sometimes_late_abort", "test_abort_promptness.py",
            "(abort- or abort_list-) and (mid_decode or before_first_output or chunked_prefill)",
            "steps after the abort", every=False,
