@@ -45,7 +45,7 @@ from types import ModuleType
 
 import torch
 
-from engine_kernels import reference
+from engine_kernels import cpu_decode, reference
 from engine_kernels.decode_split import (
     DecodePlan,
     decode_workspace,
@@ -221,9 +221,10 @@ def paged_attention_decode(
 ) -> torch.Tensor:
     backend = _backend(q)
     if backend is reference:
-        result = reference.paged_attention_decode(
-            q, k_cache, v_cache, block_tables, seq_lens, scale
-        )
+        # On the CPU with ENGINE_KERNELS_CPU_DECODE=1, the C++ kernel (opt-in until measured).
+        cpp = cpu_decode.enabled() and cpu_decode.supports(q, k_cache, v_cache)
+        attend = cpu_decode.paged_attention_decode if cpp else reference.paged_attention_decode
+        result = attend(q, k_cache, v_cache, block_tables, seq_lens, scale)
         return result if out is None else out.copy_(result)
     return backend.paged_attention_decode(
         q, k_cache, v_cache, block_tables, seq_lens, scale,
