@@ -81,11 +81,13 @@ def venv(wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> P
     work = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(work / "env")], check=True)
     ours = {"engine-conformance", "toy-engine"}
-    pins = sorted(
-        f"{d.metadata['Name']}=={d.version}"
-        for d in importlib.metadata.distributions()
-        if d.metadata["Name"].lower().replace("_", "-") not in ours
-    )
+    # The first of each name on sys.path, as import takes it: a copy vendored on a later path
+    # entry is not this environment's (setuptools puts its own `packaging` there once imported,
+    # as torch.utils.cpp_extension does for the CPU decode kernel).
+    found: dict[str, str] = {}
+    for d in importlib.metadata.distributions():
+        found.setdefault(d.metadata["Name"].lower().replace("_", "-"), d.version)
+    pins = sorted(f"{name}=={version}" for name, version in found.items() if name not in ours)
     (work / "constraints.txt").write_text("\n".join(pins) + "\n")
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(work / "env" / "bin" / "python"),
