@@ -221,8 +221,12 @@ def paged_attention_decode(
 ) -> torch.Tensor:
     backend = _backend(q)
     if backend is reference:
-        # On the CPU with ENGINE_KERNELS_CPU_DECODE=1, the C++ kernel (opt-in until measured).
-        cpp = cpu_decode.enabled() and cpu_decode.supports(q, k_cache, v_cache)
+        # On the CPU with ENGINE_KERNELS_CPU_DECODE=1, the C++ kernel where it can be built.
+        cpp = (
+            cpu_decode.enabled()
+            and cpu_decode.supports(q, k_cache, v_cache)
+            and cpu_decode.available()
+        )
         attend = cpu_decode.paged_attention_decode if cpp else reference.paged_attention_decode
         result = attend(q, k_cache, v_cache, block_tables, seq_lens, scale)
         return result if out is None else out.copy_(result)
