@@ -3,6 +3,7 @@ chunked prefill, prefix caching and preemption, and the KV cache is whole again 
 
 import pytest
 
+from engine_kernels import cpu_decode
 from fixtures import ALL_MODELS, load_prompts, model_path
 from reference_engine import LLM, RequestOutput, SamplingParams
 
@@ -26,12 +27,18 @@ def mixed_prompts() -> list[str]:
     return load_prompts("short")[:4] + long[:2] + shared[:4] + load_prompts("multibyte")[:2]
 
 
+@pytest.mark.parametrize("decode", ["pytorch", "cpp"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["stepwise", "overlapped"])
 def test_greedy_equals_hf_with_chunking_prefix_hits_and_preemption(
-    model_name, hf_greedy, async_scheduling
+    model_name, hf_greedy, async_scheduling, decode, monkeypatch
 ):
     # 40 blocks of 16 tokens cannot hold this batch at once, and a 128-token budget chunks every
-    # long prompt: the engine must preempt, resume and still match HF exactly.
+    # long prompt: the engine must preempt, resume and still match HF exactly. ``cpp``: with the
+    # CPU's C++ decode attention opted in (ENGINE_KERNELS_CPU_DECODE=1).
+    if decode == "cpp":
+        if not cpu_decode.available():
+            pytest.skip("the C++ decode kernel cannot be built here (compiler, ninja)")
+        monkeypatch.setenv(cpu_decode.OPT_IN, "1")
     llm = LLM(
         str(model_path(model_name)),
         num_kv_blocks=40,
